@@ -1,0 +1,161 @@
+"""`build_app(settings)`: routes, the error middleware, and the lifecycle of shared resources.
+
+Client disconnects cancel the handler (the server runs with `handler_cancellation=True`): the
+proxy exists to drop stale work, so a request whose editor has gone must stop the upstream too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import AsyncIterator
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.completion import CompletionService
+from proxy.config import Settings
+from proxy.dialects import openai
+from proxy.dialects.base import error_body
+from proxy.embedded import EmbeddedServer
+from proxy.errors import (
+    InvalidRequestError,
+    MethodNotAllowedError,
+    NotFoundError,
+    ProxyError,
+    RequestTooLargeError,
+)
+from proxy.passthrough import forward
+from proxy.telemetry import RecentRecords
+from proxy.upstream import UpstreamClient
+
+log = logging.getLogger("mellum_proxy")
+
+SETTINGS = web.AppKey("settings", Settings)
+UPSTREAM = web.AppKey("upstream", UpstreamClient)
+SERVICE = web.AppKey("service", CompletionService)
+RECORDS = web.AppKey("records", RecentRecords)
+EMBEDDED = web.AppKey("embedded", EmbeddedServer)
+REQUEST_ID = web.RequestKey("request_id", str)
+
+
+def build_app(settings: Settings) -> web.Application:
+    """The proxy as an aiohttp application (start it with `proxy.server.run` or a test client)."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[RECORDS] = RecentRecords()
+    if settings.embedded:
+        app.cleanup_ctx.append(_embedded_upstream)
+    app.cleanup_ctx.append(_upstream_client)
+    app.on_response_prepare.append(_add_request_id)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    return app
+
+
+async def _embedded_upstream(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    server = EmbeddedServer(
+        settings.model, settings.embedded_ctx_tokens, settings.embedded_slots, settings.embedded_threads
+    )
+    url = await asyncio.to_thread(server.start)  # the model load blocks for a second or two
+    log.info("embedded llama.cpp server at %s (model %s)", url, settings.model or "gemma-3-270m")
+    print(f"embedded upstream: {url}", flush=True)
+    app[EMBEDDED] = server
+    yield
+    await asyncio.to_thread(server.stop)
+
+
+async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    base_url = app[EMBEDDED].url if EMBEDDED in app else settings.upstream
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.upstream_connect_timeout_ms / 1000)
+    connector = aiohttp.TCPConnector(limit=0)  # concurrency is the policies' job, not the pool's
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        upstream = UpstreamClient(session, str(base_url))
+        app[UPSTREAM] = upstream
+        app[SERVICE] = CompletionService(upstream, app[RECORDS])
+        yield
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.setdefault("X-Request-Id", request_id(request))
+
+
+def request_id(request: web.Request) -> str:
+    if REQUEST_ID not in request:
+        request[REQUEST_ID] = secrets.token_hex(8)
+    return request[REQUEST_ID]
+
+
+def json_error(error: ProxyError) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(error_body(error)), status=error.status, content_type="application/json"
+    )
+
+
+_HTTP_ERRORS: dict[int, type[ProxyError]] = {
+    404: NotFoundError,
+    405: MethodNotAllowedError,
+    413: RequestTooLargeError,
+}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    """Every error leaves as JSON `{"error": {"message", "type"}}` with its status."""
+    request_id(request)
+    try:
+        return await handler(request)
+    except ProxyError as error:
+        return json_error(error)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error_cls = _HTTP_ERRORS.get(exc.status, InvalidRequestError)
+        error = error_cls(f"{request.method} {request.path}: {exc.reason}")
+        error.status = exc.status
+        return json_error(error)
+    except Exception:  # the one broad catch: log it whole, answer a sanitized 500
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return json_error(ProxyError("internal proxy error (see the proxy's log)"))
+
+
+async def read_json(request: web.Request) -> object:
+    body = await request.read()
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request)
+    normalized = openai.parse_completion(body, request.headers, request_id(request))
+    writer = openai.CompletionWriter(request, normalized)
+    return await request.app[SERVICE].complete(normalized, writer)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    await read_json(request)  # bad JSON is our 400, not the upstream's
+    return await forward(request, request.app[UPSTREAM], "/v1/chat/completions")
+
+
+async def models(request: web.Request) -> web.StreamResponse:
+    return await forward(request, request.app[UPSTREAM], "/v1/models")
+
+
+async def health(request: web.Request) -> web.Response:
+    upstream = request.app[UPSTREAM]
+    reachable = await upstream.reachable()
+    body = {
+        "status": "ok" if reachable else "unavailable",
+        "upstream": {"url": upstream.base_url, "reachable": reachable},
+    }
+    return web.json_response(
+        body, status=200 if reachable else 503, dumps=lambda obj: orjson.dumps(obj).decode()
+    )

@@ -1,0 +1,136 @@
+"""Settings: one frozen model, filled from CLI > environment `MELLUM_PROXY_*` > TOML file > defaults.
+
+Each field is at once a CLI flag (`debounce_ms` -> `--debounce-ms`), an environment variable
+(`MELLUM_PROXY_DEBOUNCE_MS`) and a TOML key (`debounce_ms = 150`). The precedence is written once,
+in `Settings.settings_customise_sources`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG_FILE = Path("~/.config/mellum-proxy/config.toml")
+
+# The TOML file of the settings being loaded; set only inside `load_settings`.
+_toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("toml_file", default=None)
+
+
+class SettingsError(ValueError):
+    """A setting is invalid or unknown; the message is one readable line that names it."""
+
+
+class Settings(BaseSettings):
+    """Everything `mellum-proxy serve` can be told. Units are in the names."""
+
+    model_config = SettingsConfigDict(env_prefix="MELLUM_PROXY_", extra="forbid", frozen=True)
+
+    # --- where we listen and what we talk to -------------------------------------------------
+    listen: str = Field("127.0.0.1:8011", description="HOST:PORT to listen on (loopback by default).")
+    upstream: str = Field(
+        "http://127.0.0.1:8000",
+        description="Base URL of the OpenAI-compatible model server (a trailing /v1 is accepted).",
+    )
+    embedded: bool = Field(False, description="Start an in-process llama.cpp server and use it as upstream.")
+    model: Path | None = Field(None, description="GGUF for --embedded (default: the packaged gemma-3-270m).")
+    embedded_ctx_tokens: int = Field(4096, ge=256, description="Embedded server's total context (all slots).")
+    embedded_slots: int = Field(2, ge=1, le=64, description="Embedded server's parallel slots.")
+    embedded_threads: int = Field(0, ge=0, description="Embedded server's CPU threads (0: all cores).")
+
+    # --- request handling --------------------------------------------------------------------
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
+    upstream_connect_timeout_ms: int = Field(1000, ge=1, description="Give up connecting after this long.")
+    shutdown_timeout_s: float = Field(5.0, ge=0, description="Grace period for in-flight requests on exit.")
+
+    # --- completion policies -----------------------------------------------------------------
+    debounce_ms: int = Field(150, ge=0, description="Hold each request this long; a newer one replaces it.")
+    max_inflight: int = Field(1, ge=1, description="Admitted requests per session; the oldest is cancelled.")
+    max_concurrency: int = Field(0, ge=0, description="Requests upstream at once (0: upstream slot count).")
+    max_queue: int = Field(8, ge=0, description="Requests waiting for an upstream slot; more are refused.")
+    ttft_timeout_ms: int = Field(0, ge=0, description="Deadline for the first token (0: off).")
+    timeout_ms: int = Field(
+        1500, ge=0, description="Deadline for the whole request, queue included (0: off)."
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8011")
+        return value
+
+    @field_validator("upstream")
+    @classmethod
+    def _normalize_upstream(cls, value: str) -> str:
+        url = value.strip().rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("expected an http:// or https:// URL")
+        return url.removesuffix("/v1")
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Precedence, highest first: CLI (passed as init values) > environment > TOML file > defaults.
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, _toml_file.get()))
+
+
+def load_settings(cli: Mapping[str, Any] | None = None, config_file: Path | None = None) -> Settings:
+    """Build the settings from CLI values, the environment and a TOML file.
+
+    Args:
+        cli: values given on the command line (only those the user typed).
+        config_file: the `--config` file; without it `~/.config/mellum-proxy/config.toml` is read
+            when it exists.
+
+    Raises:
+        SettingsError: one readable line naming the setting that is wrong.
+    """
+    path = config_file
+    if path is None:
+        default = DEFAULT_CONFIG_FILE.expanduser()
+        path = default if default.is_file() else None
+    elif not path.is_file():
+        raise SettingsError(f"config file {path} does not exist")
+    token = _toml_file.set(path)
+    try:
+        return Settings(**dict(cli or {}))
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, path)) from exc
+    except ValueError as exc:  # TOML syntax errors arrive as tomllib.TOMLDecodeError (a ValueError)
+        raise SettingsError(f"config file {path}: {exc}") from exc
+    finally:
+        _toml_file.reset(token)
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    first = exc.errors()[0]
+    name = ".".join(str(part) for part in first["loc"]) or "settings"
+    if first["type"] == "extra_forbidden":
+        where = f" in {path}" if path else ""
+        return f"unknown setting '{name}'{where}"
+    return f"invalid setting '{name}' = {first.get('input')!r}: {first['msg']}"

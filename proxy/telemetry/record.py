@@ -1,0 +1,90 @@
+"""`RequestRecord`: the facts of one client request, filled in as it goes and closed in `finally`.
+
+No source text is kept: lengths only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from proxy.models import Completion, NormalizedRequest, Outcome
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    id: str
+    session: str
+    dialect: str
+    received_at: float
+    started: float  # monotonic clock, for durations
+    outcome: Outcome | None = None
+    debounce_ms: float | None = None
+    queue_ms: float | None = None
+    queue_depth: int | None = None
+    inflight: int | None = None
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+    prompt_chars: int = 0
+    suffix_chars: int = 0
+    max_tokens: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    upstream_status: int | None = None
+
+    @classmethod
+    def start(cls, request: NormalizedRequest) -> RequestRecord:
+        return cls(
+            id=request.id,
+            session=request.session,
+            dialect=request.dialect,
+            received_at=time.time(),
+            started=time.monotonic(),
+            prompt_chars=len(request.prefix),
+            suffix_chars=len(request.suffix or ""),
+            max_tokens=request.max_tokens,
+        )
+
+    def since_start_ms(self) -> float:
+        return (time.monotonic() - self.started) * 1000.0
+
+    def mark_first_token(self) -> None:
+        if self.ttft_ms is None:
+            self.ttft_ms = self.since_start_ms()
+
+    def close(self, completion: Completion) -> None:
+        """Take the totals from what the upstream produced."""
+        self.total_ms = self.since_start_ms()
+        usage = completion.usage or {}
+        self.prompt_tokens = usage.get("prompt_tokens")
+        self.completion_tokens = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        self.cached_tokens = details.get("cached_tokens")
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("started")
+        return data
+
+
+class RecentRecords:
+    """The last `size` finished records, newest last (for /status and tests)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._records: deque[RequestRecord] = deque(maxlen=size)
+
+    def add(self, record: RequestRecord) -> None:
+        self._records.append(record)
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def last(self) -> RequestRecord | None:
+        return self._records[-1] if self._records else None

@@ -1,0 +1,56 @@
+"""The only place where aiohttp's client exceptions become `proxy.errors.UpstreamError`s.
+
+The most specific match comes first; the original exception is chained with `from`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import aiohttp
+import orjson
+
+from proxy.errors import (
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamStatusError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+
+
+@contextmanager
+def translate_errors(url: str) -> Iterator[None]:
+    """Re-raise transport failures talking to `url` as `UpstreamError`s."""
+    try:
+        yield
+    except UpstreamError:
+        raise
+    except aiohttp.ClientConnectorError as exc:
+        raise UpstreamUnavailableError(f"cannot connect to upstream {url}: {exc.os_error}") from exc
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise UpstreamTimeoutError(f"upstream {url} did not answer in time") from exc
+    except aiohttp.ServerDisconnectedError as exc:
+        raise UpstreamUnavailableError(f"upstream {url} closed the connection") from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise UpstreamProtocolError(f"upstream {url} sent a broken body: {exc}") from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamUnavailableError(f"upstream {url} failed: {exc}") from exc
+
+
+def status_error(status: int, body: bytes) -> UpstreamStatusError:
+    """Build the error for an upstream 4xx/5xx, keeping its message and type when it gave one."""
+    message, error_type = body.decode("utf-8", "replace")[:2000] or f"upstream answered {status}", None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        error = parsed.get("error", parsed)
+        if isinstance(error, dict):
+            message = str(error.get("message") or message)
+            error_type = error.get("type")
+        elif isinstance(error, str):
+            message = error
+    return UpstreamStatusError(status, message, str(error_type or "upstream_error"))

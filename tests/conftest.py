@@ -1,0 +1,53 @@
+"""Shared fixtures: the real embedded llama.cpp server (started once), proxy clients, a clean env."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from proxy.app import build_app
+from proxy.config import Settings
+from proxy.embedded import EmbeddedServer
+
+ProxyFactory = Callable[..., Awaitable[TestClient[Any, web.Application]]]
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No MELLUM_PROXY_* variable and no user config file leaks into a test."""
+    for key in list(os.environ):
+        if key.startswith("MELLUM_PROXY_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+
+
+@pytest.fixture(scope="session")
+def embedded_server() -> Iterator[EmbeddedServer]:
+    """gemma-3-270m in llama.cpp, 2 slots of 2048 tokens: the real upstream of the suite."""
+    server = EmbeddedServer(ctx_tokens=4096, slots=2)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_proxy(aiohttp_client: Any) -> ProxyFactory:
+    """Start a proxy app on a loopback port with the given settings; closed after the test."""
+
+    async def factory(**settings: Any) -> TestClient[Any, web.Application]:
+        app = build_app(Settings(**settings))
+        client: TestClient[Any, web.Application] = await aiohttp_client(app)
+        return client
+
+    return factory
+
+
+@pytest.fixture
+async def embedded_proxy(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> TestClient[Any, Any]:
+    """A proxy in front of the embedded server with no debounce (foundation behaviour)."""
+    return await make_proxy(upstream=embedded_server.url, debounce_ms=0)

@@ -1,0 +1,178 @@
+"""The proxy in front of the real llama.cpp server: transparent completions, streaming, health, errors."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from proxy.embedded import EmbeddedServer
+from tests.conftest import ProxyFactory
+from tests.sse import collect_text, events
+
+pytestmark = pytest.mark.embedded
+
+PROMPT = "def fibonacci(n):\n"
+GREEDY = {"temperature": 0, "seed": 42, "max_tokens": 24}
+
+
+async def direct(url: str, body: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """The same request straight to the upstream: (text, usage)."""
+    async with aiohttp.ClientSession() as session, session.post(url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200
+        if body.get("stream"):
+            text, seen = await collect_text(resp)
+            usage = next((e.get("usage") for e in seen if isinstance(e, dict) and e.get("usage")), None)
+            return text, usage
+        data = await resp.json()
+        return data["choices"][0]["text"], data.get("usage")
+
+
+async def test_non_stream_completion_equals_direct(
+    embedded_server: EmbeddedServer, embedded_proxy: Any
+) -> None:
+    body = {"prompt": PROMPT, **GREEDY}
+    expected, _ = await direct(str(embedded_server.url), body)
+    resp = await embedded_proxy.post("/v1/completions", json=body)
+    assert resp.status == 200
+    data = await resp.json()
+    assert data["object"] == "text_completion"
+    assert data["choices"][0]["text"] == expected
+    assert data["choices"][0]["finish_reason"] == "length"
+    assert data["usage"]["completion_tokens"] == 24
+    assert resp.headers["X-Request-Id"]
+
+
+async def test_stream_completion_equals_direct(embedded_server: EmbeddedServer, embedded_proxy: Any) -> None:
+    body = {"prompt": PROMPT, **GREEDY, "stream": True}
+    expected, _ = await direct(str(embedded_server.url), body)
+    resp = await embedded_proxy.post("/v1/completions", json=body)
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    text, seen = await collect_text(resp)
+    assert text == expected
+    assert seen[-1] == "[DONE]"
+    final = seen[-2]
+    assert isinstance(final, dict)
+    assert final["choices"][0]["finish_reason"] == "length"
+    assert final["usage"]["completion_tokens"] == 24  # usage from the upstream is passed on
+
+
+async def test_first_chunk_reaches_client_while_upstream_still_generates(
+    embedded_server: EmbeddedServer, embedded_proxy: Any
+) -> None:
+    body = {"prompt": PROMPT, "temperature": 0, "max_tokens": 300, "stream": True, "ignore_eos": True}
+    resp = await embedded_proxy.post("/v1/completions", json=body)
+    async with aiohttp.ClientSession() as session:
+        async for event in events(resp):
+            assert isinstance(event, dict)
+            if event["choices"][0]["text"]:
+                async with session.get(f"{embedded_server.url}/slots") as slots:
+                    busy = [slot["is_processing"] for slot in await slots.json()]
+                break
+    assert any(busy), "the first chunk arrived only after the upstream had finished"
+    rest = [event async for event in events(resp)]
+    assert rest[-1] == "[DONE]"
+
+
+async def test_record_knows_time_to_first_token(embedded_proxy: Any) -> None:
+    from proxy.app import RECORDS
+
+    resp = await embedded_proxy.post("/v1/completions", json={"prompt": PROMPT, **GREEDY, "stream": True})
+    await collect_text(resp)
+    record = embedded_proxy.app[RECORDS].last()
+    assert record.outcome == "ok"
+    assert 0 < record.ttft_ms < record.total_ms
+
+
+async def test_health_follows_the_upstream(make_proxy: ProxyFactory) -> None:
+    server = EmbeddedServer(ctx_tokens=512, slots=1)
+    server.start()
+    port = server.port
+    try:
+        proxy = await make_proxy(upstream=server.url)
+        ok = await proxy.get("/health")
+        assert ok.status == 200
+        assert await ok.json() == {"status": "ok", "upstream": {"url": server.url, "reachable": True}}
+        server.stop()
+        down = await proxy.get("/health")
+        assert down.status == 503
+        assert (await down.json())["upstream"]["reachable"] is False
+        server = EmbeddedServer(ctx_tokens=512, slots=1, port=port)
+        server.start()
+        back = await proxy.get("/health")
+        assert back.status == 200
+    finally:
+        server.stop()
+
+
+async def test_models_and_chat_are_passed_through(embedded_proxy: Any) -> None:
+    models = await embedded_proxy.get("/v1/models")
+    assert models.status == 200
+    assert (await models.json())["data"][0]["id"].endswith(".gguf")
+    chat = await embedded_proxy.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "stream": True},
+    )
+    assert chat.status == 200
+    _, seen = await collect_text(chat)
+    assert seen[-1] == "[DONE]"
+
+
+async def test_upstream_error_status_and_message_are_passed_on(embedded_proxy: Any) -> None:
+    resp = await embedded_proxy.post("/v1/completions", json={"prompt": "hello " * 3000, "max_tokens": 4})
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert error["type"] == "exceed_context_size_error"
+    assert "context size" in error["message"]
+    # and the proxy keeps serving
+    again = await embedded_proxy.post("/v1/completions", json={"prompt": PROMPT, **GREEDY})
+    assert again.status == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (b"not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (b'{"prompt": "x", "max_tokens": "ten"}', 400, "max_tokens"),
+        (b'{"prompt": "x", "max_tokens": -1}', 400, "max_tokens"),
+        (b'{"prompt": 3}', 400, "prompt"),
+        (b'{"prompt": "x", "stream": "yes"}', 400, "stream"),
+        (b'{"prompt": "x", "n": 2}', 400, "'n'"),
+    ],
+)
+async def test_bad_input_is_a_json_400(embedded_proxy: Any, body: bytes, status: int, needle: str) -> None:
+    resp = await embedded_proxy.post("/v1/completions", data=body)
+    assert resp.status == status
+    error = (await resp.json())["error"]
+    assert needle in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+async def test_body_over_the_limit_is_413(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> None:
+    proxy = await make_proxy(upstream=embedded_server.url, max_body_bytes=2048)
+    resp = await proxy.post("/v1/completions", json={"prompt": "x" * 4096})
+    assert resp.status == 413
+    assert (await resp.json())["error"]["type"] == "request_too_large"
+
+
+async def test_unknown_path_is_a_json_404(embedded_proxy: Any) -> None:
+    resp = await embedded_proxy.get("/v2/nothing")
+    assert resp.status == 404
+    assert (await resp.json())["error"]["type"] == "not_found"
+
+
+async def test_refused_upstream_is_502_within_a_second(
+    make_proxy: ProxyFactory, unused_tcp_port: int
+) -> None:
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{unused_tcp_port}", debounce_ms=0)
+    started = time.monotonic()
+    resp = await proxy.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
+    assert time.monotonic() - started < 1.0
+    assert resp.status == 502
+    assert (await resp.json())["error"]["type"] == "upstream_unavailable"
+    health = await proxy.get("/health")
+    assert health.status == 503

@@ -1,0 +1,65 @@
+"""The `mellum-proxy` command as a user runs it: one-line errors with exit 2, clean exit on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--debounce-ms", "ten"],
+        ["serve", "--no-such-flag"],
+        ["serve", "--listen", "nowhere"],
+        ["serve", "--config", "/nonexistent/c.toml"],
+        [],
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mellum-proxy")
+    assert err.count("\n") == 1
+
+
+def test_serve_exits_0_on_sigterm(tmp_path: Path, unused_tcp_port: int) -> None:
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{unused_tcp_port}",
+               "--upstream", "http://127.0.0.1:9"]  # fmt: skip
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # blocks until the proxy says it listens
+            assert f"listening on http://127.0.0.1:{unused_tcp_port}" in line
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0
+        finally:
+            proc.kill()
+
+
+def test_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=30,
+        )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "mellum-proxy:" in result.stderr

@@ -1,0 +1,82 @@
+"""Settings precedence (CLI > env > TOML > defaults) and readable errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.config import Settings, SettingsError, load_settings
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    settings = load_settings()
+    assert settings.listen == "127.0.0.1:8011"
+    assert settings.upstream == "http://127.0.0.1:8000"
+    assert settings.max_body_bytes == 4 * 1024 * 1024
+
+
+def test_precedence_cli_over_env_over_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write(tmp_path / "c.toml", "debounce_ms = 10\nmax_queue = 3\ntimeout_ms = 900\n")
+    monkeypatch.setenv("MELLUM_PROXY_DEBOUNCE_MS", "20")
+    monkeypatch.setenv("MELLUM_PROXY_MAX_QUEUE", "4")
+    settings = load_settings({"debounce_ms": "30"}, config)
+    assert settings.debounce_ms == 30  # CLI
+    assert settings.max_queue == 4  # env over TOML
+    assert settings.timeout_ms == 900  # TOML over default
+    assert settings.max_inflight == 1  # default
+
+
+def test_default_config_file_is_read_when_present(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".config/mellum-proxy").mkdir(parents=True)
+    write(tmp_path / ".config/mellum-proxy/config.toml", 'listen = "127.0.0.1:9999"\n')
+    assert load_settings().listen == "127.0.0.1:9999"
+
+
+def test_upstream_trailing_v1_is_accepted() -> None:
+    assert Settings(upstream="http://localhost:8080/v1/").upstream == "http://localhost:8080"
+
+
+def test_unknown_toml_key_names_it(tmp_path: Path) -> None:
+    config = write(tmp_path / "c.toml", "debounce_msec = 10\n")
+    with pytest.raises(SettingsError, match="unknown setting 'debounce_msec'"):
+        load_settings(config_file=config)
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"debounce_ms": "ten"}, "'debounce_ms'"),
+        ({"max_inflight": "0"}, "'max_inflight'"),
+        ({"listen": "localhost"}, "'listen'"),
+        ({"upstream": "ftp://x"}, "'upstream'"),
+    ],
+)
+def test_invalid_value_names_the_setting(values: dict[str, str], needle: str) -> None:
+    with pytest.raises(SettingsError, match=needle) as info:
+        load_settings(values)
+    assert "\n" not in str(info.value)
+
+
+def test_invalid_env_value_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MELLUM_PROXY_TIMEOUT_MS", "soon")
+    with pytest.raises(SettingsError, match="'timeout_ms'"):
+        load_settings()
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="does not exist"):
+        load_settings(config_file=tmp_path / "absent.toml")
+
+
+def test_broken_toml_is_one_line(tmp_path: Path) -> None:
+    config = write(tmp_path / "c.toml", "debounce_ms = = 3\n")
+    with pytest.raises(SettingsError, match=r"c\.toml") as info:
+        load_settings(config_file=config)
+    assert "\n" not in str(info.value)
