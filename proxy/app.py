@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.completion import CompletionService
+from proxy.completion import CompletionService, Policies
 from proxy.config import Settings
 from proxy.dialects import openai
 from proxy.dialects.base import error_body
@@ -28,6 +28,7 @@ from proxy.errors import (
     RequestTooLargeError,
 )
 from proxy.passthrough import forward
+from proxy.policies import AdmissionQueue, Debouncer, Supersede
 from proxy.telemetry import RecentRecords
 from proxy.upstream import UpstreamClient
 
@@ -36,6 +37,7 @@ log = logging.getLogger("mellum_proxy")
 SETTINGS = web.AppKey("settings", Settings)
 UPSTREAM = web.AppKey("upstream", UpstreamClient)
 SERVICE = web.AppKey("service", CompletionService)
+POLICIES = web.AppKey("policies", Policies)
 RECORDS = web.AppKey("records", RecentRecords)
 EMBEDDED = web.AppKey("embedded", EmbeddedServer)
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -78,8 +80,28 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         upstream = UpstreamClient(session, str(base_url))
         app[UPSTREAM] = upstream
-        app[SERVICE] = CompletionService(upstream, app[RECORDS])
+        app[POLICIES] = await build_policies(settings, upstream)
+        app[SERVICE] = CompletionService(upstream, app[POLICIES], app[RECORDS])
         yield
+
+
+async def build_policies(settings: Settings, upstream: UpstreamClient) -> Policies:
+    """The policies from the settings; `max_concurrency = 0` asks the upstream for its slot count."""
+    limit = settings.max_concurrency
+    if limit == 0:
+        slots = await upstream.slot_count()
+        limit = slots or 1
+        why = (
+            f"the upstream's {slots} slots" if slots else "1 (the upstream did not say how many slots it has)"
+        )
+        log.info("max_concurrency: %s", why)
+    return Policies(
+        debouncer=Debouncer(settings.debounce_ms / 1000),
+        supersede=Supersede(settings.max_inflight),
+        admission=AdmissionQueue(limit, settings.max_queue),
+        ttft_timeout_ms=settings.ttft_timeout_ms,
+        timeout_ms=settings.timeout_ms,
+    )
 
 
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:

@@ -1,35 +1,60 @@
 """`CompletionService`: one completion from a normalized request to the writer, with its record.
 
-The steps are: (policies) -> upstream stream -> dialect writer. Telemetry observes in `finally`.
+The steps, in order: debounce -> supersede (per-session admission) -> deadline -> global admission
+queue -> upstream stream -> dialect writer. Telemetry observes; the record is closed in `finally`.
+A request that a policy drops is answered with an empty (or partial) completion and its outcome,
+never with an error.
 """
 
 from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
+from dataclasses import dataclass
 
+import anyio
 from aiohttp import web
 
 from proxy.dialects.base import ResponseWriter
 from proxy.errors import ProxyError
 from proxy.models import Completion, NormalizedRequest, Outcome
+from proxy.policies import AdmissionQueue, Deadline, Debouncer, QueueFullError, Supersede, Ticket
 from proxy.telemetry import RecentRecords, RequestRecord
 from proxy.upstream import UpstreamClient, completion_payload
 
 
-class CompletionService:
-    """Serves completions against one upstream and records each request."""
+@dataclass(slots=True)
+class Policies:
+    """The policy objects one proxy shares between all its requests."""
 
-    def __init__(self, upstream: UpstreamClient, records: RecentRecords) -> None:
+    debouncer: Debouncer
+    supersede: Supersede
+    admission: AdmissionQueue
+    ttft_timeout_ms: int = 0
+    timeout_ms: int = 0
+
+    @classmethod
+    def disabled(cls) -> Policies:
+        """No debounce, no cancellation limit worth mentioning, no deadline (transparent proxy)."""
+        return cls(Debouncer(0), Supersede(1 << 30), AdmissionQueue(1 << 30, 0))
+
+
+class CompletionService:
+    """Serves completions against one upstream under the policies, and records each request."""
+
+    def __init__(self, upstream: UpstreamClient, policies: Policies, records: RecentRecords) -> None:
         self.upstream = upstream
+        self.policies = policies
         self.records = records
 
     async def complete(self, request: NormalizedRequest, writer: ResponseWriter) -> web.StreamResponse:
-        """Answer `request` through `writer`; never raises a `ProxyError` (it becomes `writer.fail`)."""
+        """Answer `request` through `writer`; a `ProxyError` becomes `writer.fail`, never a raise."""
         record = RequestRecord.start(request)
+        record.queue_depth = self.policies.admission.depth
+        record.inflight = self.policies.admission.running
         completion = Completion(id=f"cmpl-{request.id}")
         try:
-            outcome = await self._generate(request, writer, completion, record)
+            outcome = await self._run(request, writer, completion, record)
             record.outcome = outcome
             return await writer.finish(completion, outcome)
         except ProxyError as error:
@@ -37,24 +62,54 @@ class CompletionService:
             record.upstream_status = error.status
             return await writer.fail(error)
         except (asyncio.CancelledError, ConnectionResetError):
-            record.outcome = Outcome.CLIENT_GONE
+            record.outcome = Outcome.CLIENT_GONE  # the editor went away: the upstream stream is closed
             raise
         finally:
             record.close(completion)
             self.records.add(record)
 
-    async def _generate(
+    async def _run(
         self,
         request: NormalizedRequest,
         writer: ResponseWriter,
         completion: Completion,
         record: RequestRecord,
     ) -> Outcome:
+        policies = self.policies
+        held_from = anyio.current_time()
+        go_on = await policies.debouncer.hold(request.session)
+        record.debounce_ms = (anyio.current_time() - held_from) * 1000
+        if not go_on:
+            return Outcome.DEBOUNCED
+        with policies.supersede.admit(request.session) as ticket:
+            deadline = Deadline.start(policies.ttft_timeout_ms, policies.timeout_ms)
+            ticket.scope.deadline = deadline.first_token
+            with ticket.scope:
+                queued_from = anyio.current_time()
+                try:
+                    async with policies.admission.slot(ticket.scope):
+                        record.queue_ms = (anyio.current_time() - queued_from) * 1000
+                        await self._stream(request, writer, completion, record, ticket, deadline)
+                except QueueFullError:
+                    return Outcome.QUEUE_FULL
+            if ticket.scope.cancelled_caught:
+                return Outcome.CANCELLED if ticket.superseded else Outcome.TIMEOUT
+        return Outcome.OK
+
+    async def _stream(
+        self,
+        request: NormalizedRequest,
+        writer: ResponseWriter,
+        completion: Completion,
+        record: RequestRecord,
+        ticket: Ticket,
+        deadline: Deadline,
+    ) -> None:
         async with aclosing(self.upstream.stream_completion(completion_payload(request))) as chunks:
             async for chunk in chunks:
-                if chunk.text:
+                if chunk.text and record.ttft_ms is None:
                     record.mark_first_token()
+                    ticket.scope.deadline = deadline.total  # the first-token deadline is met
                 completion.add(chunk)
                 await writer.send_chunk(completion, chunk)
         record.upstream_status = 200
-        return Outcome.OK

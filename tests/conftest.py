@@ -49,5 +49,18 @@ def make_proxy(aiohttp_client: Any) -> ProxyFactory:
 
 @pytest.fixture
 async def embedded_proxy(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> TestClient[Any, Any]:
-    """A proxy in front of the embedded server with no debounce (foundation behaviour)."""
-    return await make_proxy(upstream=embedded_server.url, debounce_ms=0)
+    """A transparent proxy in front of the embedded server: no debounce, no deadline."""
+    return await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0)
+
+
+@pytest.fixture
+def fake_upstream(aiohttp_server: Any) -> Callable[..., Awaitable[tuple[Any, str]]]:
+    """Start a `bench.fake_upstream.FakeUpstream` on a loopback port: returns (fake, base_url)."""
+    from bench.fake_upstream import FakeUpstream
+
+    async def factory(**options: Any) -> tuple[FakeUpstream, str]:
+        fake = FakeUpstream(**options)
+        server = await aiohttp_server(fake.app())
+        return fake, str(server.make_url("")).rstrip("/")
+
+    return factory

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from proxy.models import Completion, NormalizedRequest, Outcome
+from proxy.observe import Changes
 
 
 @dataclass(slots=True)
@@ -76,9 +77,13 @@ class RecentRecords:
 
     def __init__(self, size: int = 256) -> None:
         self._records: deque[RequestRecord] = deque(maxlen=size)
+        self.added = 0
+        self.changes = Changes()
 
     def add(self, record: RequestRecord) -> None:
         self._records.append(record)
+        self.added += 1
+        self.changes.notify()
 
     def __iter__(self) -> Iterator[RequestRecord]:
         return iter(self._records)

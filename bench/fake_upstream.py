@@ -1,0 +1,127 @@
+"""`FakeUpstream`: a scripted OpenAI-compatible completion server for deterministic tests.
+
+It streams `tokens` chunks per request with configurable delays, can hold every request at a gate
+until the test opens it, reports a slot count on `/props`, and records what it saw: each payload,
+how many requests ran at once, and how many clients disconnected before the end (a disconnect is
+how the proxy tells a real server to stop decoding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+class FakeUpstream:
+    def __init__(
+        self,
+        tokens: int = 4,
+        token_delay_s: float = 0.0,
+        first_token_delay_s: float = 0.0,
+        slots: int | None = 1,
+    ) -> None:
+        self.tokens = tokens
+        self.token_delay_s = token_delay_s
+        self.first_token_delay_s = first_token_delay_s
+        self.slots = slots
+        self.gate: asyncio.Event | None = None  # an Event: requests wait for it before the first token
+        self.payloads: list[dict[str, Any]] = []
+        self.active = 0
+        self.max_active = 0
+        self.completed = 0
+        self.disconnects = 0
+        self._changed = asyncio.Condition()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/props", self._props)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def wait_until(self, predicate: Any, timeout_s: float = 5.0) -> None:
+        """Wait (event-driven) until `predicate(self)` holds; the timeout is only a safety net."""
+        async with asyncio.timeout(timeout_s), self._changed:
+            await self._changed.wait_for(lambda: predicate(self))
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _props(self, request: web.Request) -> web.Response:
+        if self.slots is None:
+            raise web.HTTPNotFound()
+        return web.json_response({"total_slots": self.slots})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        self.payloads.append(payload)
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        await self._notify()
+        try:
+            return await self._answer(request, payload)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.disconnects += 1
+            raise
+        finally:
+            self.active -= 1
+            await self._notify()
+
+    async def _answer(self, request: web.Request, payload: dict[str, Any]) -> web.StreamResponse:
+        n = min(self.tokens, int(payload.get("max_tokens") or self.tokens))
+        ident, created = f"fake-{len(self.payloads)}", int(time.time())
+        response: web.StreamResponse | None = None
+        stream = bool(payload.get("stream"))
+        if stream:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+        if self.first_token_delay_s:
+            await asyncio.sleep(self.first_token_delay_s)
+        if self.gate is not None:
+            await self.gate.wait()
+        text = ""
+        for i in range(n):
+            piece = f"t{i} "
+            text += piece
+            if response is not None:
+                await response.write(_event(ident, created, piece, None))
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+        usage = {"prompt_tokens": len(str(payload.get("prompt", ""))) // 4, "completion_tokens": n}
+        self.completed += 1
+        if response is None:
+            body = _body(ident, created, text, "length", usage)
+            return web.json_response(body)
+        await response.write(_event(ident, created, "", "length", usage))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _event(
+    ident: str, created: int, text: str, finish: str | None, usage: dict[str, Any] | None = None
+) -> bytes:
+    return b"data: " + orjson.dumps(_body(ident, created, text, finish, usage)) + b"\n\n"
+
+
+def _body(
+    ident: str, created: int, text: str, finish: str | None, usage: dict[str, Any] | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": ident,
+        "object": "text_completion",
+        "created": created,
+        "model": "fake",
+        "choices": [{"text": text, "index": 0, "finish_reason": finish}],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body

@@ -1,0 +1,24 @@
+"""`Deadline`: absolute monotonic deadlines for one request, fixed when it is admitted."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import anyio
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """`first_token` and `total` on anyio's clock (the event loop's); `inf` when off."""
+
+    first_token: float
+    total: float
+
+    @classmethod
+    def start(cls, ttft_timeout_ms: int, timeout_ms: int) -> Deadline:
+        """Deadlines counted from now; a timeout of 0 means none. Queue wait counts against both."""
+        now = anyio.current_time()
+        total = now + timeout_ms / 1000 if timeout_ms > 0 else math.inf
+        first = now + ttft_timeout_ms / 1000 if ttft_timeout_ms > 0 else math.inf
+        return cls(first_token=min(first, total), total=total)

@@ -1,0 +1,50 @@
+"""`Debouncer`: hold each request of a session for a window; a newer one replaces the held one."""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.observe import Changes
+
+
+class Debouncer:
+    """Per-session debounce.
+
+    `hold(session)` waits `window_s`. If another request of the same session calls `hold` meanwhile,
+    the earlier call returns False at once (that request is `debounced` and never reaches the
+    upstream) and the newer one starts its own window. A window of 0 disables it.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._held: dict[str, asyncio.Future[bool]] = {}
+        self.changes = Changes()
+
+    def held(self) -> int:
+        """Requests currently held (for status and tests)."""
+        return len(self._held)
+
+    async def hold(self, session: str) -> bool:
+        """Wait out the window. True: go on; False: a newer request of `session` replaced this one."""
+        previous = self._held.pop(session, None)
+        if previous is not None and not previous.done():
+            previous.set_result(False)
+        if self.window_s <= 0:
+            return True
+        loop = asyncio.get_running_loop()
+        mine: asyncio.Future[bool] = loop.create_future()
+        self._held[session] = mine
+        self.changes.notify()
+        timer = loop.call_later(self.window_s, _resolve, mine, True)
+        try:
+            return await mine
+        finally:
+            timer.cancel()
+            if self._held.get(session) is mine:
+                del self._held[session]
+            self.changes.notify()
+
+
+def _resolve(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)

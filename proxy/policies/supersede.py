@@ -1,0 +1,55 @@
+"""`Supersede`: at most `max_inflight` admitted requests per session; a newer one cancels the oldest.
+
+Admitted means queued for an upstream slot or running upstream. Each admitted request holds a
+`Ticket` whose anyio `CancelScope` encloses its queue wait and its upstream stream: cancelling the
+scope removes it from the queue or closes its upstream connection, so the server stops decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import anyio
+
+
+class Ticket:
+    """One admitted request: its cancel scope and whether a newer request superseded it."""
+
+    __slots__ = ("scope", "superseded")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.superseded = False
+
+    def supersede(self) -> None:
+        self.superseded = True
+        self.scope.cancel()  # safe before the scope is entered: it is then cancelled on entry
+
+
+class Supersede:
+    def __init__(self, max_inflight: int) -> None:
+        self.max_inflight = max_inflight
+        self._tickets: dict[str, list[Ticket]] = {}
+
+    def admitted(self, session: str) -> int:
+        return len(self._tickets.get(session, ()))
+
+    def sessions(self) -> dict[str, int]:
+        return {session: len(tickets) for session, tickets in self._tickets.items()}
+
+    @contextmanager
+    def admit(self, session: str) -> Iterator[Ticket]:
+        """Admit a request of `session`, cancelling the oldest admitted ones beyond `max_inflight`."""
+        tickets = self._tickets.setdefault(session, [])
+        while len(tickets) >= self.max_inflight:
+            tickets.pop(0).supersede()
+        ticket = Ticket()
+        tickets.append(ticket)
+        try:
+            yield ticket
+        finally:
+            if ticket in tickets:
+                tickets.remove(ticket)
+            if not tickets and self._tickets.get(session) is tickets:
+                del self._tickets[session]

@@ -1,0 +1,117 @@
+"""Cancellation reaches the real llama.cpp server: the slot goes idle and decoding stops."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from proxy.embedded import EmbeddedServer
+from tests.conftest import ProxyFactory
+from tests.sse import events
+
+pytestmark = pytest.mark.embedded
+
+LONG = {"prompt": "def parse(text):\n", "temperature": 0, "max_tokens": 400, "ignore_eos": True}
+
+
+class Upstream:
+    """Reads the embedded server's own view: its slots and its Prometheus counters."""
+
+    def __init__(self, url: str, session: aiohttp.ClientSession) -> None:
+        self.url = url
+        self.session = session
+
+    async def metric(self, name: str) -> float:
+        async with self.session.get(self.url + "/metrics") as resp:
+            for line in (await resp.text()).splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise AssertionError(f"{name} not in /metrics")
+
+    async def busy_slots(self) -> int:
+        async with self.session.get(self.url + "/slots") as resp:
+            return sum(slot["is_processing"] for slot in await resp.json())
+
+    async def idle_within(self, seconds: float) -> float:
+        """Poll /slots (the server has no event for this) until no slot is busy; return how long it took."""
+        started = time.monotonic()
+        while await self.busy_slots():
+            assert time.monotonic() - started < seconds, f"a slot is still busy after {seconds} s"
+            await asyncio.sleep(0.02)
+        return time.monotonic() - started
+
+    async def decodes_grow(self, since: float, by: int, timeout_s: float = 10) -> None:
+        async with asyncio.timeout(timeout_s):
+            while await self.metric("llamacpp:n_decode_total") < since + by:  # noqa: ASYNC110 (no event upstream)
+                await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def upstream(embedded_server: EmbeddedServer) -> Any:
+    async with aiohttp.ClientSession() as session:
+        view = Upstream(str(embedded_server.url), session)
+        await view.idle_within(5)
+        yield view
+
+
+async def assert_decoding_stopped(upstream: Upstream, predicted_before: float, decodes_before: float) -> None:
+    await upstream.idle_within(1.0)
+    decodes = await upstream.metric("llamacpp:n_decode_total")
+    await asyncio.sleep(0.3)  # a window in which a still-running generation would keep decoding
+    assert await upstream.metric("llamacpp:n_decode_total") == decodes
+    assert decodes - decodes_before < 200  # far below the 400 tokens asked for
+    assert await upstream.metric("llamacpp:tokens_predicted_total") - predicted_before < 200
+
+
+async def test_superseded_stream_stops_the_server(
+    make_proxy: ProxyFactory, embedded_server: EmbeddedServer, upstream: Upstream
+) -> None:
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0)
+    predicted = await upstream.metric("llamacpp:tokens_predicted_total")
+    decodes = await upstream.metric("llamacpp:n_decode_total")
+    old = await proxy.post("/v1/completions", json={**LONG, "stream": True})
+    chunks = 0
+    async for _ in events(old):
+        chunks += 1
+        if chunks == 3:
+            break
+    newer = await proxy.post("/v1/completions", json={"prompt": "x = ", "max_tokens": 1})
+    assert newer.headers["X-Mellum-Outcome"] == "ok"
+    rest = [event async for event in events(old)]
+    assert rest[-1] == "[DONE]"
+    assert rest[-2]["choices"][0]["finish_reason"] == "stop"
+    await assert_decoding_stopped(upstream, predicted, decodes)
+
+
+async def test_superseded_non_stream_request_stops_the_server(
+    make_proxy: ProxyFactory, embedded_server: EmbeddedServer, upstream: Upstream
+) -> None:
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0)
+    predicted = await upstream.metric("llamacpp:tokens_predicted_total")
+    decodes = await upstream.metric("llamacpp:n_decode_total")
+    old = asyncio.create_task(proxy.post("/v1/completions", json=LONG))
+    await upstream.decodes_grow(decodes, by=5)  # a few tokens generated
+    newer = await proxy.post("/v1/completions", json={"prompt": "x = ", "max_tokens": 1})
+    assert newer.headers["X-Mellum-Outcome"] == "ok"
+    resp = await old
+    assert resp.headers["X-Mellum-Outcome"] == "cancelled"
+    assert (await resp.json())["choices"][0]["text"]  # what it had so far
+    await assert_decoding_stopped(upstream, predicted, decodes)
+
+
+async def test_timeout_stops_the_server(
+    make_proxy: ProxyFactory, embedded_server: EmbeddedServer, upstream: Upstream
+) -> None:
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=600)
+    predicted = await upstream.metric("llamacpp:tokens_predicted_total")
+    decodes = await upstream.metric("llamacpp:n_decode_total")
+    resp = await proxy.post("/v1/completions", json=LONG)
+    assert resp.headers["X-Mellum-Outcome"] == "timeout"
+    body = await resp.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["text"]
+    await assert_decoding_stopped(upstream, predicted, decodes)

@@ -1,0 +1,230 @@
+"""The policies through HTTP against a controllable fake upstream (deterministic, no model)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from proxy.app import POLICIES, RECORDS
+from tests.conftest import ProxyFactory
+from tests.sse import collect_text, events
+
+
+def records(proxy: Any) -> Any:
+    return proxy.app[RECORDS]
+
+
+def outcomes(proxy: Any) -> list[str]:
+    return [record.outcome.value for record in proxy.app[RECORDS]]
+
+
+async def test_burst_of_twenty_yields_one_upstream_request(
+    make_proxy: ProxyFactory, fake_upstream: Any
+) -> None:
+    fake, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url, debounce_ms=150)
+
+    async def send(i: int) -> Any:
+        resp = await proxy.post("/v1/completions", json={"prompt": f"x{i}"}, headers={"X-Session-Id": "ed"})
+        return resp.status, resp.headers.get("X-Mellum-Outcome"), (await resp.json())["choices"][0]["text"]
+
+    tasks = []
+    for i in range(20):
+        tasks.append(asyncio.create_task(send(i)))
+        await asyncio.sleep(0.01)  # keystrokes 10 ms apart
+    answers = await asyncio.gather(*tasks)
+    assert len(fake.payloads) == 1
+    assert fake.payloads[0]["prompt"] == "x19"  # the newest request is the one computed
+    assert answers[-1] == (200, "ok", "t0 t1 t2 t3 ")
+    assert answers[:-1] == [(200, "debounced", "")] * 19
+
+
+async def test_two_sessions_keep_their_own_windows(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
+    fake, url = await fake_upstream(slots=2)
+    proxy = await make_proxy(upstream=url, debounce_ms=150)
+    tasks = []
+    for i in range(10):
+        session = "a" if i % 2 == 0 else "b"
+        body = {"prompt": f"{session}{i}"}
+        tasks.append(
+            asyncio.create_task(proxy.post("/v1/completions", json=body, headers={"X-Session-Id": session}))
+        )
+        await asyncio.sleep(0.01)
+    await asyncio.gather(*tasks)
+    assert sorted(p["prompt"] for p in fake.payloads) == ["a8", "b9"]
+
+
+async def test_newer_request_cancels_a_running_stream(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
+    fake, url = await fake_upstream(tokens=400, token_delay_s=0.02)
+    proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=0)
+    old = await proxy.post("/v1/completions", json={"prompt": "old", "stream": True})
+    seen = []
+    async for event in events(old):
+        seen.append(event)
+        if len(seen) == 3:
+            break
+    newer = asyncio.create_task(proxy.post("/v1/completions", json={"prompt": "new", "max_tokens": 2}))
+    rest = [event async for event in events(old)]
+    assert rest[-1] == "[DONE]"
+    assert rest[-2]["choices"][0]["finish_reason"] == "stop"  # closed as a normal end for the plugin
+    await fake.wait_until(lambda f: f.disconnects == 1)  # the upstream saw the connection drop
+    assert (await (await newer).json())["choices"][0]["text"] == "t0 t1 "
+    await records(proxy).changes.wait_for(lambda: len(records(proxy)) == 2)
+    assert outcomes(proxy) == ["cancelled", "ok"]
+
+
+async def test_newer_request_cancels_a_non_stream_one_before_any_token(
+    make_proxy: ProxyFactory, fake_upstream: Any
+) -> None:
+    fake, url = await fake_upstream()
+    fake.gate = asyncio.Event()  # the upstream holds every request before its first token
+    proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=0)
+    old = asyncio.create_task(proxy.post("/v1/completions", json={"prompt": "old"}))
+    await fake.wait_until(lambda f: f.active == 1)
+    newer = asyncio.create_task(proxy.post("/v1/completions", json={"prompt": "new"}))
+    resp = await old
+    assert resp.status == 200
+    assert resp.headers["X-Mellum-Outcome"] == "cancelled"
+    assert (await resp.json())["choices"][0] == {
+        "text": "",
+        "index": 0,
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
+    await fake.wait_until(lambda f: f.disconnects == 1)
+    fake.gate.set()
+    assert (await newer).headers["X-Mellum-Outcome"] == "ok"
+
+
+async def test_queue_never_exceeds_its_bound(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
+    fake, url = await fake_upstream()
+    fake.gate = asyncio.Event()
+    proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=0, max_concurrency=1, max_queue=2)
+    admission = proxy.app[POLICIES].admission
+
+    def post(i: int) -> asyncio.Task[Any]:
+        return asyncio.create_task(
+            proxy.post("/v1/completions", json={"prompt": str(i)}, headers={"X-Session-Id": str(i)})
+        )
+
+    running = post(0)
+    await fake.wait_until(lambda f: f.active == 1)
+    queued = [post(1), post(2)]
+    await admission.changes.wait_for(lambda: admission.depth == 2)
+    refused = [await post(3), await post(4)]  # answered at once, while the queue is full
+    assert [r.headers["X-Mellum-Outcome"] for r in refused] == ["queue_full", "queue_full"]
+    assert [(await r.json())["choices"][0]["text"] for r in refused] == ["", ""]
+    fake.gate.set()
+    done = await asyncio.gather(running, *queued)
+    assert [r.headers["X-Mellum-Outcome"] for r in done] == ["ok", "ok", "ok"]
+    assert fake.max_active == 1
+    assert admission.max_depth_seen == 2
+    assert [p["prompt"] for p in fake.payloads] == ["0", "1", "2"]  # FIFO
+
+
+async def test_concurrency_defaults_to_the_upstream_slots(
+    make_proxy: ProxyFactory, fake_upstream: Any
+) -> None:
+    _, url = await fake_upstream(slots=3)
+    proxy = await make_proxy(upstream=url)
+    assert proxy.app[POLICIES].admission.limit == 3
+    _, url = await fake_upstream(slots=None)
+    proxy = await make_proxy(upstream=url)
+    assert proxy.app[POLICIES].admission.limit == 1
+
+
+async def test_first_token_deadline(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
+    fake, url = await fake_upstream(first_token_delay_s=30)
+    proxy = await make_proxy(upstream=url, debounce_ms=0, ttft_timeout_ms=200, timeout_ms=0)
+    resp = await proxy.post("/v1/completions", json={"prompt": "x"})
+    assert resp.headers["X-Mellum-Outcome"] == "timeout"
+    assert (await resp.json())["choices"][0]["finish_reason"] == "length"
+    await fake.wait_until(lambda f: f.disconnects == 1)
+
+
+async def test_total_deadline_returns_the_text_so_far(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
+    fake, url = await fake_upstream(tokens=1000, token_delay_s=0.01)
+    proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=300)
+    resp = await proxy.post("/v1/completions", json={"prompt": "x", "stream": True})
+    text, seen = await collect_text(resp)
+    assert text.startswith("t0 t1 ")
+    assert len(text.split()) < 1000
+    assert seen[-2]["choices"][0]["finish_reason"] == "length"
+    await fake.wait_until(lambda f: f.disconnects == 1)
+    await records(proxy).changes.wait_for(lambda: len(records(proxy)) == 1)
+    assert outcomes(proxy) == ["timeout"]
+
+
+async def test_queue_wait_counts_against_the_deadline(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
+    fake, url = await fake_upstream()
+    fake.gate = asyncio.Event()
+    proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=300, max_concurrency=1)
+    first = asyncio.create_task(
+        proxy.post("/v1/completions", json={"prompt": "a"}, headers={"X-Session-Id": "a"})
+    )
+    await fake.wait_until(lambda f: f.active == 1)
+    second = await proxy.post("/v1/completions", json={"prompt": "b"}, headers={"X-Session-Id": "b"})
+    assert second.headers["X-Mellum-Outcome"] == "timeout"
+    assert len(fake.payloads) == 1  # it timed out in the queue, never reaching the upstream
+    assert (await first).headers["X-Mellum-Outcome"] == "timeout"
+
+
+async def test_client_gone_while_queued_never_reaches_the_upstream(
+    make_proxy: ProxyFactory, fake_upstream: Any
+) -> None:
+    fake, url = await fake_upstream()
+    fake.gate = asyncio.Event()
+    proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=0, max_concurrency=1)
+    admission = proxy.app[POLICIES].admission
+    first = asyncio.create_task(
+        proxy.post("/v1/completions", json={"prompt": "a"}, headers={"X-Session-Id": "a"})
+    )
+    await fake.wait_until(lambda f: f.active == 1)
+    gone = asyncio.create_task(
+        proxy.post("/v1/completions", json={"prompt": "b"}, headers={"X-Session-Id": "b"})
+    )
+    await admission.changes.wait_for(lambda: admission.depth == 1)
+    gone.cancel()  # the editor closes the connection
+    await admission.changes.wait_for(lambda: admission.depth == 0)
+    await records(proxy).changes.wait_for(lambda: len(records(proxy)) == 1)
+    fake.gate.set()
+    await first
+    assert [p["prompt"] for p in fake.payloads] == ["a"]
+    assert outcomes(proxy) == ["client_gone", "ok"]
+
+
+async def test_client_gone_while_streaming_aborts_the_upstream(
+    make_proxy: ProxyFactory, fake_upstream: Any
+) -> None:
+    fake, url = await fake_upstream(tokens=1000, token_delay_s=0.01)
+    proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=0)
+    resp = await proxy.post("/v1/completions", json={"prompt": "x", "stream": True})
+    await anext(events(resp))
+    resp.close()
+    await fake.wait_until(lambda f: f.disconnects == 1)
+    await records(proxy).changes.wait_for(lambda: len(records(proxy)) == 1)
+    assert outcomes(proxy) == ["client_gone"]
+    assert proxy.app[POLICIES].admission.running == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_debounced_answer_in_the_clients_shape(
+    make_proxy: ProxyFactory, fake_upstream: Any, stream: bool
+) -> None:
+    _, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url, debounce_ms=300)
+    first = asyncio.create_task(proxy.post("/v1/completions", json={"prompt": "a", "stream": stream}))
+    debouncer = proxy.app[POLICIES].debouncer
+    await debouncer.changes.wait_for(lambda: debouncer.held() == 1)
+    second = asyncio.create_task(proxy.post("/v1/completions", json={"prompt": "b", "stream": stream}))
+    resp = await first
+    assert resp.status == 200
+    assert resp.headers["X-Mellum-Outcome"] == "debounced"
+    if stream:
+        text, seen = await collect_text(resp)
+        assert (text, seen[-1]) == ("", "[DONE]")
+    else:
+        assert (await resp.json())["choices"][0]["text"] == ""
+    await second

@@ -1,0 +1,73 @@
+"""AdmissionQueue: bounded concurrency, bounded FIFO queue, cancelled waiters leave."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import pytest
+
+from proxy.policies import AdmissionQueue, QueueFullError
+
+
+async def occupy(queue: AdmissionQueue, started: list[str], name: str, release: asyncio.Event) -> str:
+    async with queue.slot():
+        started.append(name)
+        await release.wait()
+    return name
+
+
+async def test_limit_queue_and_fifo_order() -> None:
+    queue = AdmissionQueue(limit=1, max_queue=2)
+    release = asyncio.Event()
+    started: list[str] = []
+    tasks = [asyncio.create_task(occupy(queue, started, name, release)) for name in "abc"]
+    await asyncio.sleep(0)  # one loop turn: every task reaches the queue
+    assert (queue.running, queue.depth) == (1, 2)
+    with pytest.raises(QueueFullError):
+        async with queue.slot():
+            pass
+    release.set()
+    assert await asyncio.gather(*tasks) == ["a", "b", "c"]
+    assert started == ["a", "b", "c"]
+    assert (queue.running, queue.depth, queue.max_running_seen, queue.max_depth_seen) == (0, 0, 1, 2)
+
+
+async def test_cancelled_waiter_leaves_the_queue() -> None:
+    queue = AdmissionQueue(limit=1, max_queue=1)
+    release = asyncio.Event()
+    started: list[str] = []
+    first = asyncio.create_task(occupy(queue, started, "a", release))
+    second = asyncio.create_task(occupy(queue, started, "b", release))
+    await asyncio.sleep(0)
+    second.cancel()
+    await asyncio.gather(second, return_exceptions=True)
+    assert queue.depth == 0
+    third = asyncio.create_task(occupy(queue, started, "c", release))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first, third)
+    assert started == ["a", "c"]
+    assert queue.running == 0
+
+
+async def test_waiter_whose_scope_is_cancelled_no_longer_counts() -> None:
+    queue = AdmissionQueue(limit=1, max_queue=1)
+    release = asyncio.Event()
+    scope = anyio.CancelScope()
+
+    async def superseded() -> None:
+        with scope:
+            async with queue.slot(scope):
+                raise AssertionError("a superseded request must never get a slot")
+
+    holder = asyncio.create_task(occupy(queue, [], "a", release))
+    waiter = asyncio.create_task(superseded())
+    await asyncio.sleep(0)
+    assert queue.depth == 1
+    scope.cancel()  # synchronous: the place is free before the waiter task has even run
+    assert queue.depth == 0
+    async with asyncio.timeout(2):
+        release.set()
+        await asyncio.gather(holder, waiter)
+    assert queue.running == 0
