@@ -106,15 +106,11 @@ class FakeUpstream:
         return response
 
 
-def _event(
-    ident: str, created: int, text: str, finish: str | None, usage: dict[str, Any] | None = None
-) -> bytes:
+def _event(ident: str, created: int, text: str, finish: str | None, usage: dict[str, Any] | None = None) -> bytes:
     return b"data: " + orjson.dumps(_body(ident, created, text, finish, usage)) + b"\n\n"
 
 
-def _body(
-    ident: str, created: int, text: str, finish: str | None, usage: dict[str, Any] | None
-) -> dict[str, Any]:
+def _body(ident: str, created: int, text: str, finish: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": ident,
         "object": "text_completion",

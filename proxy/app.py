@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy import __version__
 from proxy.completion import CompletionService, Policies
 from proxy.config import Settings
 from proxy.dialects import openai
@@ -29,7 +31,8 @@ from proxy.errors import (
 )
 from proxy.passthrough import forward
 from proxy.policies import AdmissionQueue, Debouncer, Supersede
-from proxy.telemetry import RecentRecords
+from proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetrics, RecentRecords, Telemetry
+from proxy.telemetry.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from proxy.upstream import UpstreamClient
 
 log = logging.getLogger("mellum_proxy")
@@ -39,7 +42,10 @@ UPSTREAM = web.AppKey("upstream", UpstreamClient)
 SERVICE = web.AppKey("service", CompletionService)
 POLICIES = web.AppKey("policies", Policies)
 RECORDS = web.AppKey("records", RecentRecords)
+TELEMETRY = web.AppKey("telemetry", Telemetry)
 EMBEDDED = web.AppKey("embedded", EmbeddedServer)
+# Tests inject a fake GPU backend here; production opens NVML.
+GPU_OPENER = web.AppKey("gpu_opener", Callable[[], object])
 REQUEST_ID = web.RequestKey("request_id", str)
 
 
@@ -50,12 +56,15 @@ def build_app(settings: Settings) -> web.Application:
     app[RECORDS] = RecentRecords()
     if settings.embedded:
         app.cleanup_ctx.append(_embedded_upstream)
+    app.cleanup_ctx.append(_telemetry)  # before the upstream: torn down after it, so the log flushes last
     app.cleanup_ctx.append(_upstream_client)
     app.on_response_prepare.append(_add_request_id)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/status", status)
     return app
 
 
@@ -80,9 +89,44 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         upstream = UpstreamClient(session, str(base_url))
         app[UPSTREAM] = upstream
-        app[POLICIES] = await build_policies(settings, upstream)
-        app[SERVICE] = CompletionService(upstream, app[POLICIES], app[RECORDS])
+        policies = app[POLICIES] = await build_policies(settings, upstream)
+        telemetry = app[TELEMETRY]
+        gpu = telemetry.gpu
+        assert gpu is not None
+        telemetry.metrics = ProxyMetrics(
+            inflight=lambda: policies.admission.running,
+            queued=lambda: policies.admission.depth,
+            gpu_used=lambda: gpu.latest.used_bytes if gpu.latest and gpu.source == "nvml" else None,
+            gpu_total=lambda: gpu.latest.total_bytes if gpu.latest and gpu.source == "nvml" else None,
+        )
+        app[SERVICE] = CompletionService(upstream, policies, telemetry)
         yield
+
+
+def gpu_opener(settings: Settings, pid: int | None) -> Callable[[], NvmlBackend]:
+    return lambda: NvmlBackend(settings.gpu, pid)
+
+
+async def _telemetry(app: web.Application) -> AsyncIterator[None]:
+    """The GPU sampler and the request log: started before requests, flushed after the last one."""
+    settings = app[SETTINGS]
+    pid = os.getpid() if EMBEDDED in app else (settings.upstream_pid or None)
+    gpu = GpuSampler(app.get(GPU_OPENER) or gpu_opener(settings, pid), settings.vram_interval_ms / 1000)
+    await asyncio.to_thread(gpu.open)
+    sampler = asyncio.create_task(gpu.run(), name="gpu-sampler")
+    log_file = None
+    if settings.log is not None:
+        log_file = JsonlLog(settings.log, int(settings.log_max_mb * 1024 * 1024))
+        log_file.start()
+    app[TELEMETRY] = Telemetry(app[RECORDS], gpu, log_file, log_content=settings.log_content)
+    try:
+        yield
+    finally:
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
+        gpu.close()
+        if log_file is not None:
+            await log_file.close()
 
 
 async def build_policies(settings: Settings, upstream: UpstreamClient) -> Policies:
@@ -91,9 +135,7 @@ async def build_policies(settings: Settings, upstream: UpstreamClient) -> Polici
     if limit == 0:
         slots = await upstream.slot_count()
         limit = slots or 1
-        why = (
-            f"the upstream's {slots} slots" if slots else "1 (the upstream did not say how many slots it has)"
-        )
+        why = f"the upstream's {slots} slots" if slots else "1 (the upstream did not say how many slots it has)"
         log.info("max_concurrency: %s", why)
     return Policies(
         debouncer=Debouncer(settings.debounce_ms / 1000),
@@ -115,9 +157,7 @@ def request_id(request: web.Request) -> str:
 
 
 def json_error(error: ProxyError) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(error_body(error)), status=error.status, content_type="application/json"
-    )
+    return web.Response(body=orjson.dumps(error_body(error)), status=error.status, content_type="application/json")
 
 
 _HTTP_ERRORS: dict[int, type[ProxyError]] = {
@@ -178,6 +218,50 @@ async def health(request: web.Request) -> web.Response:
         "status": "ok" if reachable else "unavailable",
         "upstream": {"url": upstream.base_url, "reachable": reachable},
     }
-    return web.json_response(
-        body, status=200 if reachable else 503, dumps=lambda obj: orjson.dumps(obj).decode()
-    )
+    return web.json_response(body, status=200 if reachable else 503, dumps=lambda obj: orjson.dumps(obj).decode())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    telemetry = request.app[TELEMETRY]
+    assert telemetry.metrics is not None
+    return web.Response(body=telemetry.metrics.render(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+
+async def status(request: web.Request) -> web.Response:
+    """The live state: settings in force, upstream, per-session admissions, recent requests, VRAM."""
+    app = request.app
+    policies, gpu = app[POLICIES], app[TELEMETRY].gpu
+    recent = list(app[RECORDS])[-20:]
+    body = {
+        "version": __version__,
+        "settings": app[SETTINGS].model_dump(mode="json"),
+        "upstream": {"url": app[UPSTREAM].base_url, "max_concurrency": policies.admission.limit},
+        "inflight": policies.admission.running,
+        "queued": policies.admission.depth,
+        "debouncing": policies.debouncer.held(),
+        "sessions": policies.supersede.sessions(),
+        "recent": [
+            {
+                "id": r.id,
+                "session": r.session,
+                "outcome": r.outcome,
+                "ttft_ms": r.ttft_ms,
+                "total_ms": r.total_ms,
+            }
+            for r in recent
+        ],
+        "vram": vram_status(gpu),
+    }
+    return web.json_response(body, dumps=lambda obj: orjson.dumps(obj).decode())
+
+
+def vram_status(gpu: GpuSampler | None) -> dict[str, object]:
+    latest = gpu.latest if gpu is not None and gpu.source == "nvml" else None
+    return {
+        "source": gpu.source if gpu else "none",
+        "reason": gpu.reason if gpu else "no sampler",
+        "used_mib": latest.used_mib if latest else None,
+        "total_mib": latest.total_bytes / 1024**2 if latest else None,
+        "process_mib": latest.process_bytes / 1024**2 if latest and latest.process_bytes is not None else None,
+        "peak_mib": gpu.peak_mib if latest and gpu else None,
+    }

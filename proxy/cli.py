@@ -36,9 +36,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
                 help=help_text,
             )
         else:
-            parser.add_argument(
-                flag, dest=name, default=argparse.SUPPRESS, metavar=name.upper(), help=help_text
-            )
+            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar=name.upper(), help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ from proxy.dialects.base import ResponseWriter
 from proxy.errors import ProxyError
 from proxy.models import Completion, NormalizedRequest, Outcome
 from proxy.policies import AdmissionQueue, Deadline, Debouncer, QueueFullError, Supersede, Ticket
-from proxy.telemetry import RecentRecords, RequestRecord
+from proxy.telemetry import RequestRecord, Telemetry
 from proxy.upstream import UpstreamClient, completion_payload
 
 
@@ -42,14 +42,14 @@ class Policies:
 class CompletionService:
     """Serves completions against one upstream under the policies, and records each request."""
 
-    def __init__(self, upstream: UpstreamClient, policies: Policies, records: RecentRecords) -> None:
+    def __init__(self, upstream: UpstreamClient, policies: Policies, telemetry: Telemetry) -> None:
         self.upstream = upstream
         self.policies = policies
-        self.records = records
+        self.telemetry = telemetry
 
     async def complete(self, request: NormalizedRequest, writer: ResponseWriter) -> web.StreamResponse:
         """Answer `request` through `writer`; a `ProxyError` becomes `writer.fail`, never a raise."""
-        record = RequestRecord.start(request)
+        record = self.telemetry.start(request)
         record.queue_depth = self.policies.admission.depth
         record.inflight = self.policies.admission.running
         completion = Completion(id=f"cmpl-{request.id}")
@@ -65,8 +65,7 @@ class CompletionService:
             record.outcome = Outcome.CLIENT_GONE  # the editor went away: the upstream stream is closed
             raise
         finally:
-            record.close(completion)
-            self.records.add(record)
+            self.telemetry.finish(record, completion)
 
     async def _run(
         self,
@@ -89,6 +88,7 @@ class CompletionService:
                 try:
                     async with policies.admission.slot(ticket.scope):
                         record.queue_ms = (anyio.current_time() - queued_from) * 1000
+                        ticket.running = True
                         await self._stream(request, writer, completion, record, ticket, deadline)
                 except QueueFullError:
                     return Outcome.QUEUE_FULL

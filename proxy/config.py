@@ -58,9 +58,15 @@ class Settings(BaseSettings):
     max_concurrency: int = Field(0, ge=0, description="Requests upstream at once (0: upstream slot count).")
     max_queue: int = Field(8, ge=0, description="Requests waiting for an upstream slot; more are refused.")
     ttft_timeout_ms: int = Field(0, ge=0, description="Deadline for the first token (0: off).")
-    timeout_ms: int = Field(
-        1500, ge=0, description="Deadline for the whole request, queue included (0: off)."
-    )
+    timeout_ms: int = Field(1500, ge=0, description="Deadline for the whole request, queue included (0: off).")
+
+    # --- telemetry ---------------------------------------------------------------------------
+    log: Path | None = Field(None, description="Append one JSON line per request to this file.")
+    log_max_mb: float = Field(64.0, gt=0, description="Rotate the request log past this size (keeps 3).")
+    log_content: bool = Field(False, description="Also log prompt, suffix and completion text.")
+    vram_interval_ms: int = Field(200, ge=10, description="GPU memory sampling period.")
+    gpu: int = Field(0, ge=0, description="NVML index of the GPU the upstream runs on.")
+    upstream_pid: int = Field(0, ge=0, description="Upstream server's PID, for its own GPU usage (0: unknown).")
 
     @field_validator("listen")
     @classmethod

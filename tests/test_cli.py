@@ -36,9 +36,7 @@ def test_serve_exits_0_on_sigterm(tmp_path: Path, unused_tcp_port: int) -> None:
     env = {**os.environ, "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{unused_tcp_port}",
                "--upstream", "http://127.0.0.1:9"]  # fmt: skip
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    ) as proc:
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
         try:
             assert proc.stdout is not None
             for line in proc.stdout:  # blocks until the proxy says it listens

@@ -97,9 +97,7 @@ class CompletionWriter:
 
     async def _start_stream(self, outcome: Outcome | None) -> web.StreamResponse:
         if self.response is None:
-            response = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            )
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             if outcome is not None:
                 response.headers[OUTCOME_HEADER] = outcome.value
             await response.prepare(self.http_request)

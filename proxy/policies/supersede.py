@@ -16,11 +16,12 @@ import anyio
 class Ticket:
     """One admitted request: its cancel scope and whether a newer request superseded it."""
 
-    __slots__ = ("scope", "superseded")
+    __slots__ = ("running", "scope", "superseded")
 
     def __init__(self) -> None:
         self.scope = anyio.CancelScope()
         self.superseded = False
+        self.running = False  # holds an upstream slot (else: queued)
 
     def supersede(self) -> None:
         self.superseded = True
@@ -35,8 +36,15 @@ class Supersede:
     def admitted(self, session: str) -> int:
         return len(self._tickets.get(session, ()))
 
-    def sessions(self) -> dict[str, int]:
-        return {session: len(tickets) for session, tickets in self._tickets.items()}
+    def sessions(self) -> dict[str, dict[str, int]]:
+        """Admitted requests per session, split into running upstream and queued."""
+        return {
+            session: {
+                "running": sum(t.running for t in tickets),
+                "queued": sum(not t.running for t in tickets),
+            }
+            for session, tickets in self._tickets.items()
+        }
 
     @contextmanager
     def admit(self, session: str) -> Iterator[Ticket]:

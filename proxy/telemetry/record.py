@@ -1,10 +1,12 @@
 """`RequestRecord`: the facts of one client request, filled in as it goes and closed in `finally`.
 
-No source text is kept: lengths only.
+Field names are stable (they are the request log's columns; see the README). No source text is
+kept unless the user asked for it (`--log-content`): lengths and `prompt_sha256` instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -15,13 +17,20 @@ from proxy.models import Completion, NormalizedRequest, Outcome
 from proxy.observe import Changes
 
 
+def prompt_digest(request: NormalizedRequest) -> str:
+    """First 16 hex digits of sha256 over prefix, a NUL, and suffix: equal prompts, equal digests."""
+    digest = hashlib.sha256(request.prefix.encode())
+    digest.update(b"\0" + (request.suffix or "").encode())
+    return digest.hexdigest()[:16]
+
+
 @dataclass(slots=True)
 class RequestRecord:
     id: str
     session: str
     dialect: str
-    received_at: float
-    started: float  # monotonic clock, for durations
+    received_at: float  # unix seconds
+    started: float  # monotonic clock, for durations; not logged
     outcome: Outcome | None = None
     debounce_ms: float | None = None
     queue_ms: float | None = None
@@ -31,14 +40,20 @@ class RequestRecord:
     total_ms: float | None = None
     prompt_chars: int = 0
     suffix_chars: int = 0
+    prompt_sha256: str = ""
     max_tokens: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     upstream_status: int | None = None
+    vram_used_mib_start: float | None = None
+    vram_used_mib_end: float | None = None
+    vram_peak_mib: float | None = None
+    vram_source: str = "none"
+    content: dict[str, str | None] | None = None  # only with --log-content
 
     @classmethod
-    def start(cls, request: NormalizedRequest) -> RequestRecord:
+    def start(cls, request: NormalizedRequest, log_content: bool = False) -> RequestRecord:
         return cls(
             id=request.id,
             session=request.session,
@@ -47,7 +62,9 @@ class RequestRecord:
             started=time.monotonic(),
             prompt_chars=len(request.prefix),
             suffix_chars=len(request.suffix or ""),
+            prompt_sha256=prompt_digest(request),
             max_tokens=request.max_tokens,
+            content={"prompt": request.prefix, "suffix": request.suffix} if log_content else None,
         )
 
     def since_start_ms(self) -> float:
@@ -65,10 +82,16 @@ class RequestRecord:
         self.completion_tokens = usage.get("completion_tokens")
         details = usage.get("prompt_tokens_details") or {}
         self.cached_tokens = details.get("cached_tokens")
+        if self.content is not None:
+            self.content["completion"] = completion.text
 
     def as_dict(self) -> dict[str, Any]:
+        """The log line: every field but the monotonic clock; content fields only when recorded."""
         data = asdict(self)
         data.pop("started")
+        content = data.pop("content")
+        if content is not None:
+            data.update(content)
         return data
 
 

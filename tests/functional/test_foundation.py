@@ -30,9 +30,7 @@ async def direct(url: str, body: dict[str, Any]) -> tuple[str, dict[str, Any] | 
         return data["choices"][0]["text"], data.get("usage")
 
 
-async def test_non_stream_completion_equals_direct(
-    embedded_server: EmbeddedServer, embedded_proxy: Any
-) -> None:
+async def test_non_stream_completion_equals_direct(embedded_server: EmbeddedServer, embedded_proxy: Any) -> None:
     body = {"prompt": PROMPT, **GREEDY}
     expected, _ = await direct(str(embedded_server.url), body)
     resp = await embedded_proxy.post("/v1/completions", json=body)
@@ -165,9 +163,7 @@ async def test_unknown_path_is_a_json_404(embedded_proxy: Any) -> None:
     assert (await resp.json())["error"]["type"] == "not_found"
 
 
-async def test_refused_upstream_is_502_within_a_second(
-    make_proxy: ProxyFactory, unused_tcp_port: int
-) -> None:
+async def test_refused_upstream_is_502_within_a_second(make_proxy: ProxyFactory, unused_tcp_port: int) -> None:
     proxy = await make_proxy(upstream=f"http://127.0.0.1:{unused_tcp_port}", debounce_ms=0)
     started = time.monotonic()
     resp = await proxy.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})

@@ -20,9 +20,7 @@ def outcomes(proxy: Any) -> list[str]:
     return [record.outcome.value for record in proxy.app[RECORDS]]
 
 
-async def test_burst_of_twenty_yields_one_upstream_request(
-    make_proxy: ProxyFactory, fake_upstream: Any
-) -> None:
+async def test_burst_of_twenty_yields_one_upstream_request(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
     fake, url = await fake_upstream()
     proxy = await make_proxy(upstream=url, debounce_ms=150)
 
@@ -48,9 +46,7 @@ async def test_two_sessions_keep_their_own_windows(make_proxy: ProxyFactory, fak
     for i in range(10):
         session = "a" if i % 2 == 0 else "b"
         body = {"prompt": f"{session}{i}"}
-        tasks.append(
-            asyncio.create_task(proxy.post("/v1/completions", json=body, headers={"X-Session-Id": session}))
-        )
+        tasks.append(asyncio.create_task(proxy.post("/v1/completions", json=body, headers={"X-Session-Id": session})))
         await asyncio.sleep(0.01)
     await asyncio.gather(*tasks)
     assert sorted(p["prompt"] for p in fake.payloads) == ["a8", "b9"]
@@ -124,9 +120,7 @@ async def test_queue_never_exceeds_its_bound(make_proxy: ProxyFactory, fake_upst
     assert [p["prompt"] for p in fake.payloads] == ["0", "1", "2"]  # FIFO
 
 
-async def test_concurrency_defaults_to_the_upstream_slots(
-    make_proxy: ProxyFactory, fake_upstream: Any
-) -> None:
+async def test_concurrency_defaults_to_the_upstream_slots(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
     _, url = await fake_upstream(slots=3)
     proxy = await make_proxy(upstream=url)
     assert proxy.app[POLICIES].admission.limit == 3
@@ -161,9 +155,7 @@ async def test_queue_wait_counts_against_the_deadline(make_proxy: ProxyFactory, 
     fake, url = await fake_upstream()
     fake.gate = asyncio.Event()
     proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=300, max_concurrency=1)
-    first = asyncio.create_task(
-        proxy.post("/v1/completions", json={"prompt": "a"}, headers={"X-Session-Id": "a"})
-    )
+    first = asyncio.create_task(proxy.post("/v1/completions", json={"prompt": "a"}, headers={"X-Session-Id": "a"}))
     await fake.wait_until(lambda f: f.active == 1)
     second = await proxy.post("/v1/completions", json={"prompt": "b"}, headers={"X-Session-Id": "b"})
     assert second.headers["X-Mellum-Outcome"] == "timeout"
@@ -178,13 +170,9 @@ async def test_client_gone_while_queued_never_reaches_the_upstream(
     fake.gate = asyncio.Event()
     proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=0, max_concurrency=1)
     admission = proxy.app[POLICIES].admission
-    first = asyncio.create_task(
-        proxy.post("/v1/completions", json={"prompt": "a"}, headers={"X-Session-Id": "a"})
-    )
+    first = asyncio.create_task(proxy.post("/v1/completions", json={"prompt": "a"}, headers={"X-Session-Id": "a"}))
     await fake.wait_until(lambda f: f.active == 1)
-    gone = asyncio.create_task(
-        proxy.post("/v1/completions", json={"prompt": "b"}, headers={"X-Session-Id": "b"})
-    )
+    gone = asyncio.create_task(proxy.post("/v1/completions", json={"prompt": "b"}, headers={"X-Session-Id": "b"}))
     await admission.changes.wait_for(lambda: admission.depth == 1)
     gone.cancel()  # the editor closes the connection
     await admission.changes.wait_for(lambda: admission.depth == 0)
@@ -195,9 +183,7 @@ async def test_client_gone_while_queued_never_reaches_the_upstream(
     assert outcomes(proxy) == ["client_gone", "ok"]
 
 
-async def test_client_gone_while_streaming_aborts_the_upstream(
-    make_proxy: ProxyFactory, fake_upstream: Any
-) -> None:
+async def test_client_gone_while_streaming_aborts_the_upstream(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
     fake, url = await fake_upstream(tokens=1000, token_delay_s=0.01)
     proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=0)
     resp = await proxy.post("/v1/completions", json={"prompt": "x", "stream": True})

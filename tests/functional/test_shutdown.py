@@ -16,9 +16,7 @@ from tests.sse import collect_text, events
 pytestmark = pytest.mark.embedded
 
 
-async def test_in_flight_stream_finishes_after_stop(
-    embedded_server: EmbeddedServer, unused_tcp_port: int
-) -> None:
+async def test_in_flight_stream_finishes_after_stop(embedded_server: EmbeddedServer, unused_tcp_port: int) -> None:
     settings = Settings(upstream=embedded_server.url, listen=f"127.0.0.1:{unused_tcp_port}", debounce_ms=0)
     stop = asyncio.Event()
     server = asyncio.create_task(serve(settings, stop))

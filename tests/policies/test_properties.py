@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from proxy.completion import CompletionService, Policies
 from proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 from proxy.policies import AdmissionQueue, Debouncer, Supersede
-from proxy.telemetry import RecentRecords
+from proxy.telemetry import RecentRecords, Telemetry
 
 
 class MemoryUpstream:
@@ -101,7 +101,7 @@ async def _run(
         AdmissionQueue(max_concurrency, max_queue),
         timeout_ms=timeout_ms,
     )
-    service = CompletionService(upstream, policies, RecentRecords())  # type: ignore[arg-type]
+    service = CompletionService(upstream, policies, Telemetry(RecentRecords()))  # type: ignore[arg-type]
     writers: list[CountingWriter] = []
     tasks: list[asyncio.Task[Any]] = []
     disconnects: list[asyncio.TimerHandle] = []

@@ -1,0 +1,48 @@
+"""`Telemetry`: where the service hands each request's record; it fans out to the sinks.
+
+It observes and never steers: no sink can change or fail a request.
+"""
+
+from __future__ import annotations
+
+from proxy.models import Completion, NormalizedRequest
+from proxy.telemetry.gpu import GpuSampler
+from proxy.telemetry.jsonl import JsonlLog
+from proxy.telemetry.prometheus import ProxyMetrics
+from proxy.telemetry.record import RecentRecords, RequestRecord
+
+
+class Telemetry:
+    def __init__(
+        self,
+        records: RecentRecords,
+        gpu: GpuSampler | None = None,
+        log: JsonlLog | None = None,
+        metrics: ProxyMetrics | None = None,
+        log_content: bool = False,
+    ) -> None:
+        self.records = records
+        self.gpu = gpu
+        self.log = log
+        self.metrics = metrics
+        self.log_content = log_content
+
+    def start(self, request: NormalizedRequest) -> RequestRecord:
+        record = RequestRecord.start(request, self.log_content)
+        if self.gpu is not None:
+            window = self.gpu.start_window(id(record))
+            record.vram_used_mib_start = window.start_mib
+            record.vram_source = self.gpu.source
+        return record
+
+    def finish(self, record: RequestRecord, completion: Completion) -> None:
+        record.close(completion)
+        if self.gpu is not None:
+            window = self.gpu.end_window(id(record))
+            record.vram_used_mib_end = window.end_mib
+            record.vram_peak_mib = window.peak_mib
+        self.records.add(record)
+        if self.metrics is not None:
+            self.metrics.observe(record)
+        if self.log is not None:
+            self.log.put(record.as_dict())

@@ -1,0 +1,81 @@
+"""`ProxyMetrics`: Prometheus exposition for `GET /metrics`, on a registry the app owns.
+
+Names follow vLLM's style (`vllm:time_to_first_token_seconds`) with the prefix `mellum_proxy_`.
+Gauges read live state through callbacks, so nothing on the request path updates them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from proxy.models import Outcome
+from proxy.telemetry.record import RequestRecord
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+
+
+class ProxyMetrics:
+    """Args: live gauges as callables (`inflight`, `queued`, GPU `used`/`total` bytes or None)."""
+
+    def __init__(
+        self,
+        inflight: Callable[[], int],
+        queued: Callable[[], int],
+        gpu_used: Callable[[], int | None],
+        gpu_total: Callable[[], int | None],
+    ) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "mellum_proxy_time_to_first_token_seconds",
+            "Arrival at the proxy to first token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "mellum_proxy_request_duration_seconds",
+            "Arrival to last byte, any outcome.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "mellum_proxy_queue_wait_seconds", "Wait for an upstream slot.", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.requests = Counter(
+            "mellum_proxy_requests", "Client completion requests by outcome.", ["outcome"], registry=r
+        )
+        for outcome in Outcome:
+            self.requests.labels(outcome.value)  # every outcome is visible from the start, at 0
+        Gauge("mellum_proxy_inflight_requests", "Requests upstream now.", registry=r).set_function(inflight)
+        Gauge("mellum_proxy_queued_requests", "Requests waiting for a slot.", registry=r).set_function(queued)
+        Gauge("mellum_proxy_gpu_memory_used_bytes", "GPU memory used (NaN without NVML).", registry=r).set_function(
+            _or_nan(gpu_used)
+        )
+        Gauge("mellum_proxy_gpu_memory_total_bytes", "GPU memory total (NaN without NVML).", registry=r).set_function(
+            _or_nan(gpu_total)
+        )
+
+    def observe(self, record: RequestRecord) -> None:
+        self.requests.labels((record.outcome or Outcome.CLIENT_GONE).value).inc()
+        if record.ttft_ms is not None:
+            self.ttft.observe(record.ttft_ms / 1000)
+        if record.total_ms is not None:
+            self.duration.observe(record.total_ms / 1000)
+        if record.queue_ms is not None:
+            self.queue_wait.observe(record.queue_ms / 1000)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _or_nan(read: Callable[[], int | None]) -> Callable[[], float]:
+    def value() -> float:
+        number = read()
+        return math.nan if number is None else float(number)
+
+    return value
