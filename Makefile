@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint clean
+.PHONY: run test lint gpu-check clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mellum-proxy needs Python >= 3.11")'
@@ -22,6 +22,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check proxy bench tests
 	$(BIN)/ruff format --check proxy bench tests
+
+gpu-check: $(STAMP)
+	$(BIN)/python -m bench.gpu_check
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

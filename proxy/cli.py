@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
+
+import orjson
 
 from proxy import __version__
 from proxy.config import Settings, SettingsError, load_settings
@@ -51,6 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="TOML settings file [default: ~/.config/mellum-proxy/config.toml if present]",
     )
     _add_settings_flags(serve)
+
+    stats = commands.add_parser("stats", help="summarize a request log (--log FILE.jsonl)")
+    stats.add_argument("log", type=Path, help="the proxy's JSONL request log")
+    stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stats.add_argument("--by", choices=["outcome", "session", "dialect"], help="one row per group")
+
+    probe = commands.add_parser("probe", help="print GPU memory over time (NVML), like nvidia-smi -l")
+    probe.add_argument("--interval-ms", type=int, default=1000, help="time between readings [default: 1000]")
+    probe.add_argument("--gpu", type=int, default=0, help="NVML device index [default: 0]")
+    probe.add_argument("--out", type=Path, help="also write the CSV to this file")
+    probe.add_argument("--count", type=int, help="stop after this many readings [default: until Ctrl-C]")
+
+    base = commands.add_parser("baseline", help="the four memory readings: before start, loaded, idle, first request")
+    base.add_argument("--upstream", required=True, help="server base URL, or 'embedded' to start one and watch it")
+    base.add_argument("--idle-s", type=float, default=30.0, help="idle wait before the first request [default: 30]")
+    base.add_argument("--gpu", type=int, default=0, help="NVML device index [default: 0]")
+    base.add_argument("--upstream-pid", type=int, help="server PID, for its own memory readings")
+    base.add_argument("--model", type=Path, help="GGUF for --upstream embedded [default: packaged gemma-3-270m]")
+    base.add_argument("--out", type=Path, default=Path("baseline.json"), help="JSON output [default: baseline.json]")
     return parser
 
 
@@ -74,7 +96,72 @@ def _serve(args: argparse.Namespace) -> None:
         _fail(str(exc))
 
 
+def _stats(args: argparse.Namespace) -> None:
+    from proxy.stats import read_log, render_table, stats
+
+    try:
+        records, malformed = read_log(args.log)
+    except OSError as exc:
+        _fail(f"cannot read {args.log}: {exc.strerror}")
+    result = stats(records, malformed, args.by)
+    if args.json:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render_table(result))
+
+
+def _probe(args: argparse.Namespace) -> None:
+    from proxy.probe import probe
+    from proxy.telemetry import GpuUnavailableError
+
+    if args.interval_ms < 10:
+        _fail("--interval-ms must be at least 10")
+    try:
+        with contextlib.ExitStack() as files:
+            out: IO[str] = sys.stdout
+            if args.out is not None:
+                out = _Tee(sys.stdout, files.enter_context(args.out.open("w", newline="")))
+            summary = probe(args.gpu, args.interval_ms, out, args.count)
+    except GpuUnavailableError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"cannot write {args.out}: {exc.strerror}")
+    if summary["samples"]:
+        print(f"samples={summary['samples']} min={summary['min_mib']:.0f} MiB max={summary['max_mib']:.0f} MiB "
+              f"peak at {summary['peak_at']}", file=sys.stderr)  # fmt: skip
+
+
+def _baseline(args: argparse.Namespace) -> None:
+    from proxy.probe import baseline
+
+    try:
+        book = asyncio.run(baseline(args.upstream, args.idle_s, args.gpu, args.upstream_pid, args.model))
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        _fail(f"baseline failed: {exc or 'the server did not become healthy in time'}")
+    print(book.table())
+    args.out.write_bytes(book.as_json())
+    print(f"saved {args.out}")
+
+
+class _Tee:
+    """Write to several text streams at once (probe's terminal output and its --out file)."""
+
+    def __init__(self, *streams: IO[str]) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+_COMMANDS = {"serve": _serve, "stats": _stats, "probe": _probe, "baseline": _baseline}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        _serve(args)
+    _COMMANDS[args.command](args)

@@ -105,6 +105,7 @@ class CompletionService:
         ticket: Ticket,
         deadline: Deadline,
     ) -> None:
+        record.reached_upstream = True
         async with aclosing(self.upstream.stream_completion(completion_payload(request))) as chunks:
             async for chunk in chunks:
                 if chunk.text and record.ttft_ms is None:

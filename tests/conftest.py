@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from proxy.app import build_app
+from proxy.app import GPU_OPENER, build_app
 from proxy.config import Settings
 from proxy.embedded import EmbeddedServer
 
@@ -39,8 +39,10 @@ def embedded_server() -> Iterator[EmbeddedServer]:
 def make_proxy(aiohttp_client: Any) -> ProxyFactory:
     """Start a proxy app on a loopback port with the given settings; closed after the test."""
 
-    async def factory(**settings: Any) -> TestClient[Any, web.Application]:
+    async def factory(gpu_opener: Any = None, **settings: Any) -> TestClient[Any, web.Application]:
         app = build_app(Settings(**settings))
+        if gpu_opener is not None:
+            app[GPU_OPENER] = gpu_opener
         client: TestClient[Any, web.Application] = await aiohttp_client(app)
         return client
 
@@ -64,3 +66,23 @@ def fake_upstream(aiohttp_server: Any) -> Callable[..., Awaitable[tuple[Any, str
         return fake, str(server.make_url("")).rstrip("/")
 
     return factory
+
+
+class FakeGpu:
+    """A GPU backend whose memory the test sets; `fail` makes the next read raise like a broken driver."""
+
+    def __init__(self, used_mib: float = 1000, total_mib: float = 24576) -> None:
+        self.used_mib = used_mib
+        self.total_mib = total_mib
+        self.fail = False
+        self.closed = False
+
+    def read(self) -> Any:
+        from proxy.telemetry import GpuReading
+
+        if self.fail:
+            raise RuntimeError("GPU is lost")
+        return GpuReading(int(self.used_mib * 1024 * 1024), int(self.total_mib * 1024 * 1024), None)
+
+    def close(self) -> None:
+        self.closed = True

@@ -46,6 +46,7 @@ class RequestRecord:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     upstream_status: int | None = None
+    reached_upstream: bool = False  # a request was opened to the model server
     vram_used_mib_start: float | None = None
     vram_used_mib_end: float | None = None
     vram_peak_mib: float | None = None

@@ -1,0 +1,102 @@
+"""`mellum-proxy stats LOG.jsonl`: what a request log says, at a glance or as JSON.
+
+Malformed lines are counted and reported, never fatal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+LATENCIES = ("ttft_ms", "total_ms", "queue_ms")
+QUANTILES = (50, 90, 99)
+
+
+def read_log(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The records of a JSONL log and how many lines were not records."""
+    records: list[dict[str, Any]] = []
+    malformed = 0
+    with path.open("rb") as lines:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                malformed += 1
+                continue
+            if isinstance(record, dict) and "outcome" in record:
+                records.append(record)
+            else:
+                malformed += 1
+    return records, malformed
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (None for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Counts per outcome, latency percentiles, truncation share, VRAM peak, upstream requests per request."""
+    rows = list(records)
+    summary: dict[str, Any] = {"requests": len(rows), "outcomes": dict(Counter(str(r.get("outcome")) for r in rows))}
+    for field in LATENCIES:
+        values = [float(r[field]) for r in rows if isinstance(r.get(field), int | float)]
+        summary[field] = {f"p{q}": percentile(values, q) for q in QUANTILES}
+    flagged = [r["truncated"] for r in rows if isinstance(r.get("truncated"), bool)]
+    summary["truncated_share"] = sum(flagged) / len(flagged) if flagged else None
+    peaks = [float(r["vram_peak_mib"]) for r in rows if isinstance(r.get("vram_peak_mib"), int | float)]
+    summary["vram_peak_mib"] = max(peaks) if peaks else None
+    reached = sum(1 for r in rows if r.get("reached_upstream"))
+    summary["upstream_requests"] = reached
+    summary["upstream_per_request"] = reached / len(rows) if rows else None
+    return summary
+
+
+def stats(records: list[dict[str, Any]], malformed: int, by: str | None = None) -> dict[str, Any]:
+    result: dict[str, Any] = {"malformed_lines": malformed, "all": summarize(records)}
+    if by is not None:
+        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for record in records:
+            groups[str(record.get(by))].append(record)
+        result["by"] = by
+        result["groups"] = {key: summarize(group) for key, group in sorted(groups.items())}
+    return result
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def render_table(result: dict[str, Any]) -> str:
+    """A terminal table: one row per group (or one for all)."""
+    groups = result.get("groups") or {"all": result["all"]}
+    head = ["group", "requests", "outcomes", *(f"{f} p{q}" for f in LATENCIES for q in QUANTILES),
+            "truncated", "vram peak MiB", "upstream/request"]  # fmt: skip
+    rows = [head]
+    for name, s in groups.items():
+        outcomes = " ".join(f"{k}={v}" for k, v in sorted(s["outcomes"].items()))
+        share = s["truncated_share"]
+        rows.append([name, str(s["requests"]), outcomes, *(_fmt(s[f][f"p{q}"]) for f in LATENCIES for q in QUANTILES),
+                     "-" if share is None else f"{share:.0%}", _fmt(s["vram_peak_mib"], 0),
+                     _fmt(s["upstream_per_request"], 2)])  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    if result["malformed_lines"]:
+        lines.append(f"({result['malformed_lines']} malformed lines skipped)")
+    return "\n".join(lines)
