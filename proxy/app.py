@@ -11,12 +11,22 @@ import logging
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from proxy import __version__
+from proxy.budget import (
+    BudgetSettings,
+    CharsEstimator,
+    ContextBudget,
+    HfTokenizer,
+    TokenCounter,
+    UpstreamTokenizer,
+    template_for,
+)
 from proxy.completion import CompletionService, Policies
 from proxy.config import Settings
 from proxy.dialects import openai
@@ -28,6 +38,7 @@ from proxy.errors import (
     NotFoundError,
     ProxyError,
     RequestTooLargeError,
+    UpstreamError,
 )
 from proxy.passthrough import forward
 from proxy.policies import AdmissionQueue, Debouncer, Supersede
@@ -99,7 +110,9 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
             gpu_used=lambda: gpu.latest.used_bytes if gpu.latest and gpu.source == "nvml" else None,
             gpu_total=lambda: gpu.latest.total_bytes if gpu.latest and gpu.source == "nvml" else None,
         )
-        app[SERVICE] = CompletionService(upstream, policies, telemetry)
+        budget = ContextBudget(budget_settings(settings), await build_counter(settings, upstream))
+        log.info("context budget: %d tokens, tokenizer %s", settings.max_context_tokens, budget.counter.method)
+        app[SERVICE] = CompletionService(upstream, policies, budget, telemetry)
         yield
 
 
@@ -143,7 +156,35 @@ async def build_policies(settings: Settings, upstream: UpstreamClient) -> Polici
         admission=AdmissionQueue(limit, settings.max_queue),
         ttft_timeout_ms=settings.ttft_timeout_ms,
         timeout_ms=settings.timeout_ms,
+        complete_in_comments=settings.complete_in_comments,
     )
+
+
+def budget_settings(settings: Settings) -> BudgetSettings:
+    return BudgetSettings(
+        max_context_tokens=settings.max_context_tokens,
+        max_tokens=settings.max_tokens,
+        prefix_ratio=settings.prefix_ratio,
+        step_lines=settings.context_step_lines,
+        template=template_for(settings.fim_template),
+    )
+
+
+async def build_counter(settings: Settings, upstream: UpstreamClient) -> TokenCounter:
+    """`auto`: the upstream's /tokenize when it answers, else the calibrated character estimate."""
+    choice = settings.tokenizer
+    if choice == "chars":
+        return CharsEstimator()
+    if choice == "upstream":
+        return UpstreamTokenizer(upstream)
+    if choice != "auto":
+        return await asyncio.to_thread(HfTokenizer, Path(choice))  # reading the file blocks
+    tokenizer = UpstreamTokenizer(upstream)
+    try:
+        await tokenizer.count("x")
+    except UpstreamError:
+        return CharsEstimator()
+    return tokenizer
 
 
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import anyio
 from aiohttp import web
 
+from proxy.budget import BudgetedPrompt, ContextBudget, cursor_in_comment_or_string
 from proxy.dialects.base import ResponseWriter
 from proxy.errors import ProxyError
 from proxy.models import Completion, NormalizedRequest, Outcome
@@ -32,6 +33,7 @@ class Policies:
     admission: AdmissionQueue
     ttft_timeout_ms: int = 0
     timeout_ms: int = 0
+    complete_in_comments: bool = True
 
     @classmethod
     def disabled(cls) -> Policies:
@@ -42,9 +44,12 @@ class Policies:
 class CompletionService:
     """Serves completions against one upstream under the policies, and records each request."""
 
-    def __init__(self, upstream: UpstreamClient, policies: Policies, telemetry: Telemetry) -> None:
+    def __init__(
+        self, upstream: UpstreamClient, policies: Policies, budget: ContextBudget, telemetry: Telemetry
+    ) -> None:
         self.upstream = upstream
         self.policies = policies
+        self.budget = budget
         self.telemetry = telemetry
 
     async def complete(self, request: NormalizedRequest, writer: ResponseWriter) -> web.StreamResponse:
@@ -80,16 +85,25 @@ class CompletionService:
         record.debounce_ms = (anyio.current_time() - held_from) * 1000
         if not go_on:
             return Outcome.DEBOUNCED
+        if not policies.complete_in_comments and request.suffix is not None:
+            inside = cursor_in_comment_or_string(request.prefix, request.suffix, request.file_path, request.language)
+            if inside:
+                return Outcome.SKIPPED
         with policies.supersede.admit(request.session) as ticket:
             deadline = Deadline.start(policies.ttft_timeout_ms, policies.timeout_ms)
             ticket.scope.deadline = deadline.first_token
             with ticket.scope:
+                prompt = await self.budget.apply(request)
+                record.prompt_tokens_before = prompt.tokens_before
+                record.prompt_tokens_after = prompt.tokens_after
+                record.truncated = prompt.truncated
+                record.tokenizer = prompt.method
                 queued_from = anyio.current_time()
                 try:
                     async with policies.admission.slot(ticket.scope):
                         record.queue_ms = (anyio.current_time() - queued_from) * 1000
                         ticket.running = True
-                        await self._stream(request, writer, completion, record, ticket, deadline)
+                        await self._stream(request, prompt, writer, completion, record, ticket, deadline)
                 except QueueFullError:
                     return Outcome.QUEUE_FULL
             if ticket.scope.cancelled_caught:
@@ -99,6 +113,7 @@ class CompletionService:
     async def _stream(
         self,
         request: NormalizedRequest,
+        prompt: BudgetedPrompt,
         writer: ResponseWriter,
         completion: Completion,
         record: RequestRecord,
@@ -106,7 +121,7 @@ class CompletionService:
         deadline: Deadline,
     ) -> None:
         record.reached_upstream = True
-        async with aclosing(self.upstream.stream_completion(completion_payload(request))) as chunks:
+        async with aclosing(self.upstream.stream_completion(completion_payload(request, prompt))) as chunks:
             async for chunk in chunks:
                 if chunk.text and record.ttft_ms is None:
                     record.mark_first_token()
@@ -114,3 +129,6 @@ class CompletionService:
                 completion.add(chunk)
                 await writer.send_chunk(completion, chunk)
         record.upstream_status = 200
+        prompt_tokens = (completion.usage or {}).get("prompt_tokens")
+        if isinstance(prompt_tokens, int):
+            self.budget.observe(prompt.prompt, prompt_tokens)  # calibrates the `chars` estimate

@@ -60,6 +60,15 @@ class Settings(BaseSettings):
     ttft_timeout_ms: int = Field(0, ge=0, description="Deadline for the first token (0: off).")
     timeout_ms: int = Field(1500, ge=0, description="Deadline for the whole request, queue included (0: off).")
 
+    # --- context budget ----------------------------------------------------------------------
+    max_context_tokens: int = Field(2048, ge=64, description="Prompt tokens + max_tokens never exceed this.")
+    max_tokens: int = Field(128, ge=1, description="Cap on the tokens a client may ask for.")
+    prefix_ratio: float = Field(0.75, ge=0, le=1, description="Share of the prompt budget before the cursor.")
+    context_step_lines: int = Field(16, ge=1, description="Window edges move in blocks of this many lines.")
+    tokenizer: str = Field("auto", description="tokenizer.json path, 'upstream', 'chars' or 'auto'.")
+    fim_template: str = Field("mellum", description="mellum|starcoder|codellama|deepseek|qwen|none|custom.")
+    complete_in_comments: bool = Field(True, description="Complete when the cursor is in a comment/string.")
+
     # --- telemetry ---------------------------------------------------------------------------
     log: Path | None = Field(None, description="Append one JSON line per request to this file.")
     log_max_mb: float = Field(64.0, gt=0, description="Rotate the request log past this size (keeps 3).")
@@ -74,6 +83,24 @@ class Settings(BaseSettings):
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8011")
+        return value
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _check_tokenizer(cls, value: str) -> str:
+        if value in ("auto", "upstream", "chars"):
+            return value
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError("expected auto, upstream, chars or the path of an existing tokenizer.json")
+        return str(path)
+
+    @field_validator("fim_template")
+    @classmethod
+    def _check_template(cls, value: str) -> str:
+        from proxy.budget.templates import template_for
+
+        template_for(value)  # raises ValueError with the known names
         return value
 
     @field_validator("upstream")

@@ -40,6 +40,7 @@ class NormalizedRequest:
         params: other generation parameters (temperature, top_p, stop, seed, ...) and unknown
             fields, passed to the upstream unchanged.
         file_path: path of the edited file when the dialect carries one.
+        language: the editor's language id when the dialect carries one.
     """
 
     id: str
@@ -51,6 +52,7 @@ class NormalizedRequest:
     max_tokens: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
     file_path: str | None = None
+    language: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,8 +52,10 @@ def make_proxy(aiohttp_client: Any) -> ProxyFactory:
 
 @pytest.fixture
 async def embedded_proxy(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> TestClient[Any, Any]:
-    """A transparent proxy in front of the embedded server: no debounce, no deadline."""
-    return await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0)
+    """A transparent proxy in front of the embedded server: no debounce, deadline or budget to speak of."""
+    return await make_proxy(
+        upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, max_context_tokens=1 << 20, max_tokens=1 << 12
+    )
 
 
 @pytest.fixture
@@ -86,3 +89,29 @@ class FakeGpu:
 
     def close(self) -> None:
         self.closed = True
+
+
+CORPUS = Path(__file__).parent / "fixtures" / "corpus"
+SPECIAL_TOKENS = ["<bos>", "<|endoftext|>", "<filename>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
+                  "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<PRE>", "<SUF>", "<MID>"]  # fmt: skip
+
+
+def corpus_texts() -> list[str]:
+    return [path.read_text() for path in sorted(CORPUS.iterdir()) if path.suffix != ".md"]
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real byte-level BPE `tokenizer.json`, trained offline on the fixture corpus (about a second)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tokenizer.train_from_iterator(corpus_texts(), trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path

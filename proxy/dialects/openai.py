@@ -72,6 +72,8 @@ def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> 
         stream=stream,
         max_tokens=max_tokens,
         params=params,
+        file_path=headers.get("X-File-Path"),
+        language=headers.get("X-Language"),
     )
 
 

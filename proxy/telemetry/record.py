@@ -46,6 +46,10 @@ class RequestRecord:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     upstream_status: int | None = None
+    prompt_tokens_before: int | None = None
+    prompt_tokens_after: int | None = None
+    truncated: bool | None = None
+    tokenizer: str | None = None
     reached_upstream: bool = False  # a request was opened to the model server
     vram_used_mib_start: float | None = None
     vram_used_mib_end: float | None = None

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from proxy.budget.context import BudgetedPrompt
 from proxy.errors import UpstreamProtocolError
 from proxy.models import Chunk, NormalizedRequest
 from proxy.upstream.errors import status_error, translate_errors
@@ -21,14 +22,17 @@ from proxy.upstream.errors import status_error, translate_errors
 _JSON = {"Content-Type": "application/json"}
 
 
-def completion_payload(request: NormalizedRequest) -> dict[str, Any]:
-    """The OpenAI `/v1/completions` body for a normalized request (always streamed)."""
+def completion_payload(request: NormalizedRequest, prompt: BudgetedPrompt) -> dict[str, Any]:
+    """The OpenAI `/v1/completions` body for a request fitted to the budget (always streamed)."""
     payload: dict[str, Any] = dict(request.params)
-    payload["prompt"] = request.prefix
-    if request.suffix is not None:
-        payload["suffix"] = request.suffix
-    if request.max_tokens is not None:
-        payload["max_tokens"] = request.max_tokens
+    payload["prompt"] = prompt.prompt
+    if prompt.suffix is not None:
+        payload["suffix"] = prompt.suffix
+    payload["max_tokens"] = prompt.max_tokens
+    if prompt.stops:
+        client_stops = payload.get("stop") or []
+        client_stops = [client_stops] if isinstance(client_stops, str) else list(client_stops)
+        payload["stop"] = list(dict.fromkeys([*client_stops, *prompt.stops]))
     payload["stream"] = True
     options = dict(payload.get("stream_options") or {})
     options.setdefault("include_usage", True)  # vLLM reports usage in streams only when asked
@@ -65,16 +69,24 @@ class UpstreamClient:
                     raise
 
     async def get_json(self, path: str, timeout_s: float = 2.0) -> Any:
-        """GET a JSON document from the upstream (used for /props, /slots, health)."""
+        """GET a JSON document from the upstream (used for /props, /slots)."""
+        return await self._json("GET", path, None, timeout_s)
+
+    async def post_json(self, path: str, body: Any, timeout_s: float = 5.0) -> Any:
+        """POST a JSON body and read a JSON answer (used for /tokenize)."""
+        return await self._json("POST", path, body, timeout_s)
+
+    async def _json(self, method: str, path: str, body: Any, timeout_s: float) -> Any:
         url = self.url(path)
+        data = None if body is None else orjson.dumps(body)
         with translate_errors(url):
             timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self.session.get(url, timeout=timeout) as resp:
-                body = await resp.read()
+            async with self.session.request(method, url, data=data, headers=_JSON, timeout=timeout) as resp:
+                answer = await resp.read()
                 if resp.status >= 400:
-                    raise status_error(resp.status, body)
+                    raise status_error(resp.status, answer)
                 try:
-                    return orjson.loads(body)
+                    return orjson.loads(answer)
                 except orjson.JSONDecodeError as exc:
                     raise UpstreamProtocolError(f"upstream {url} sent non-JSON") from exc
 

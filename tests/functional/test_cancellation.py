@@ -70,7 +70,7 @@ async def assert_decoding_stopped(upstream: Upstream, predicted_before: float, d
 async def test_superseded_stream_stops_the_server(
     make_proxy: ProxyFactory, embedded_server: EmbeddedServer, upstream: Upstream
 ) -> None:
-    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0)
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, max_tokens=512)
     predicted = await upstream.metric("llamacpp:tokens_predicted_total")
     decodes = await upstream.metric("llamacpp:n_decode_total")
     old = await proxy.post("/v1/completions", json={**LONG, "stream": True})
@@ -90,7 +90,7 @@ async def test_superseded_stream_stops_the_server(
 async def test_superseded_non_stream_request_stops_the_server(
     make_proxy: ProxyFactory, embedded_server: EmbeddedServer, upstream: Upstream
 ) -> None:
-    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0)
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, max_tokens=512)
     predicted = await upstream.metric("llamacpp:tokens_predicted_total")
     decodes = await upstream.metric("llamacpp:n_decode_total")
     old = asyncio.create_task(proxy.post("/v1/completions", json=LONG))
@@ -106,7 +106,7 @@ async def test_superseded_non_stream_request_stops_the_server(
 async def test_timeout_stops_the_server(
     make_proxy: ProxyFactory, embedded_server: EmbeddedServer, upstream: Upstream
 ) -> None:
-    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=600)
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=600, max_tokens=512)
     predicted = await upstream.metric("llamacpp:tokens_predicted_total")
     decodes = await upstream.metric("llamacpp:n_decode_total")
     resp = await proxy.post("/v1/completions", json=LONG)

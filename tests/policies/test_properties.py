@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.budget import BudgetSettings, CharsEstimator, ContextBudget
 from proxy.completion import CompletionService, Policies
 from proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 from proxy.policies import AdmissionQueue, Debouncer, Supersede
@@ -101,7 +102,8 @@ async def _run(
         AdmissionQueue(max_concurrency, max_queue),
         timeout_ms=timeout_ms,
     )
-    service = CompletionService(upstream, policies, Telemetry(RecentRecords()))  # type: ignore[arg-type]
+    budget = ContextBudget(BudgetSettings(max_context_tokens=1 << 20, max_tokens=1 << 10), CharsEstimator())
+    service = CompletionService(upstream, policies, budget, Telemetry(RecentRecords()))  # type: ignore[arg-type]
     writers: list[CountingWriter] = []
     tasks: list[asyncio.Task[Any]] = []
     disconnects: list[asyncio.TimerHandle] = []

@@ -1,0 +1,124 @@
+"""Fill-in-the-middle prompt templates: render a prompt from prefix/suffix/path, parse one back.
+
+A template is data: an optional file header (`{path}`) and a body with `{prefix}` and `{suffix}`.
+Rendering substitutes with `str.replace` (source code is full of braces); parsing turns the same
+template into a regex, so a client that pre-rendered its prompt (Continue's OpenAI provider) can be
+truncated properly instead of cut blindly from the left.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class FimParts:
+    prefix: str
+    suffix: str
+    path: str | None = None
+    context: str = ""  # other files packed before the current one (kept only when they fit)
+
+
+@dataclass(frozen=True)
+class FimTemplate:
+    """Args: name; header with `{path}` (left out when there is no path); body with `{prefix}`, `{suffix}`."""
+
+    name: str
+    body: str
+    header: str = ""
+    stops: tuple[str, ...] = ()
+    _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_pattern", _compile(self))
+
+    def render(self, parts: FimParts) -> str:
+        header = self.header.replace("{path}", parts.path) if parts.path is not None and self.header else ""
+        body = self.body.replace("{path}", parts.path or "")
+        # one pass, so text inside the prefix that looks like "{suffix}" is never substituted
+        body = re.sub(r"\{prefix\}|\{suffix\}", lambda m: parts.prefix if m[0] == "{prefix}" else parts.suffix, body)
+        return parts.context + header + body
+
+    def parse(self, prompt: str) -> FimParts | None:
+        """The parts of a prompt rendered with this template, or None when it is not one."""
+        match = self._pattern.fullmatch(prompt)
+        if match is None:
+            return None
+        groups = match.groupdict()
+        return FimParts(groups["prefix"], groups["suffix"], groups.get("path"), groups.get("context") or "")
+
+    @property
+    def special_tokens(self) -> tuple[str, ...]:
+        """The literal markers of the template, e.g. `<fim_prefix>`: never cut, never part of user text."""
+        return tuple(sorted(set(re.findall(r"<[^<>\s{}]+>", self.header + self.body))))
+
+
+def _compile(template: FimTemplate) -> re.Pattern[str]:
+    def to_regex(text: str) -> str:
+        out, pos = [], 0
+        for match in re.finditer(r"\{(prefix|suffix|path)\}", text):
+            out.append(re.escape(text[pos : match.start()]))
+            name = match[1]
+            out.append(r"(?P<path>[^\n]*)" if name == "path" else f"(?P<{name}>.*?)")
+            pos = match.end()
+        out.append(re.escape(text[pos:]))
+        return "".join(out)
+
+    header = f"(?:{to_regex(template.header)})?" if template.header else ""
+    context = r"(?P<context>.*?)" if template.header else ""
+    return re.compile(context + header + to_regex(template.body), re.DOTALL)
+
+
+MELLUM = FimTemplate(
+    "mellum",
+    header="<filename>{path}\n",
+    body="<fim_suffix>{suffix}<fim_prefix>{prefix}<fim_middle>",
+    stops=("<|endoftext|>", "<filename>"),
+)
+STARCODER = FimTemplate(
+    "starcoder",
+    header="<filename>{path}\n",
+    body="<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>",
+    stops=("<|endoftext|>", "<filename>", "<file_sep>"),
+)
+CODELLAMA = FimTemplate("codellama", body="<PRE> {prefix} <SUF>{suffix} <MID>", stops=("<EOT>",))
+# DeepSeek-Coder's markers really use FULLWIDTH VERTICAL LINE and LOWER ONE EIGHTH BLOCK.
+DEEPSEEK = FimTemplate(
+    "deepseek",
+    body="<｜fim▁begin｜>{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>",  # noqa: RUF001
+    stops=("<｜end▁of▁sentence｜>",),  # noqa: RUF001
+)
+QWEN = FimTemplate(
+    "qwen",
+    body="<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>",
+    stops=("<|endoftext|>", "<|file_sep|>", "<|fim_pad|>", "<|im_end|>"),
+)
+BUILTIN = {t.name: t for t in (MELLUM, STARCODER, CODELLAMA, DEEPSEEK, QWEN)}
+NONE = "none"  # send prompt and suffix as fields and let the server build the prompt
+
+
+def template_for(spec: str) -> FimTemplate | None:
+    """A built-in name, `none` (None: the server renders), or a custom string with {prefix} and {suffix}.
+
+    Raises:
+        ValueError: a custom template without both placeholders.
+    """
+    if spec == NONE:
+        return None
+    if spec in BUILTIN:
+        return BUILTIN[spec]
+    if "{prefix}" not in spec or "{suffix}" not in spec:
+        raise ValueError(f"a custom FIM template needs {{prefix}} and {{suffix}}; known names: {', '.join(BUILTIN)}")
+    return FimTemplate("custom", body=spec.replace("\\n", "\n"))
+
+
+def parse_any(prompt: str) -> tuple[FimTemplate, FimParts] | None:
+    """Recognise a prompt pre-rendered with any built-in template."""
+    for template in BUILTIN.values():
+        markers = re.findall(r"<[^<>\s{}]+>", template.body)
+        if all(marker in prompt for marker in markers):
+            parts = template.parse(prompt)
+            if parts is not None:
+                return template, parts
+    return None

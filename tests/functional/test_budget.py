@@ -1,0 +1,61 @@
+"""The context budget against the real llama.cpp server: its own /tokenize, its own usage count."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.app import RECORDS
+from proxy.embedded import EmbeddedServer
+from tests.conftest import ProxyFactory, corpus_texts
+
+pytestmark = pytest.mark.embedded
+
+TEXT = "\n".join(corpus_texts())
+
+
+@pytest.mark.parametrize("cursor", [900, 4000, 8000])
+async def test_server_counts_no_more_than_the_budget(
+    make_proxy: ProxyFactory, embedded_server: EmbeddedServer, cursor: int
+) -> None:
+    proxy = await make_proxy(
+        upstream=embedded_server.url, debounce_ms=0, tokenizer="upstream", max_context_tokens=300, max_tokens=16,
+        context_step_lines=1,
+    )  # fmt: skip
+    body = {"prompt": TEXT[:cursor], "suffix": TEXT[cursor:], "max_tokens": 64, "temperature": 0}
+    resp = await proxy.post("/v1/completions", json=body, headers={"X-File-Path": "inventory.py"})
+    usage = (await resp.json())["usage"]
+    assert usage["completion_tokens"] <= 16  # capped by --max-tokens
+    assert 284 - 60 <= usage["prompt_tokens"] <= 284  # exact; whole lines leave up to a line per side unused
+    record = proxy.app[RECORDS].last()
+    assert record.tokenizer == "upstream" and record.truncated is True
+    assert record.prompt_tokens_after == usage["prompt_tokens"]
+    assert record.prompt_tokens_before > 2000
+
+
+async def test_auto_picks_the_upstream_tokenizer(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> None:
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0)
+    await (await proxy.post("/v1/completions", json={"prompt": "x = ", "max_tokens": 2})).json()
+    assert proxy.app[RECORDS].last().tokenizer == "upstream"
+
+
+async def test_cursor_in_a_comment_is_skipped(make_proxy: ProxyFactory, fake_upstream: object) -> None:
+    fake, url = await fake_upstream()  # type: ignore[operator]
+    proxy = await make_proxy(upstream=url, debounce_ms=0, complete_in_comments=False, tokenizer="chars")
+    headers = {"X-File-Path": "app.py"}
+    skipped = await proxy.post("/v1/completions", json={"prompt": "x = 1  # why", "suffix": "\n"}, headers=headers)
+    assert skipped.headers["X-Mellum-Outcome"] == "skipped"
+    assert (await skipped.json())["choices"][0]["text"] == ""
+    served = await proxy.post("/v1/completions", json={"prompt": "x = ", "suffix": "\n"}, headers=headers)
+    assert served.headers["X-Mellum-Outcome"] == "ok"
+    assert len(fake.payloads) == 1
+    assert fake.payloads[0]["prompt"] == "<filename>app.py\n<fim_suffix>\n<fim_prefix>x = <fim_middle>"
+    assert fake.payloads[0]["stop"] == ["<|endoftext|>", "<filename>"]
+    assert "suffix" not in fake.payloads[0]
+
+
+async def test_template_none_sends_the_suffix_as_a_field(make_proxy: ProxyFactory, fake_upstream: object) -> None:
+    fake, url = await fake_upstream()  # type: ignore[operator]
+    proxy = await make_proxy(upstream=url, debounce_ms=0, fim_template="none", tokenizer="chars")
+    await proxy.post("/v1/completions", json={"prompt": "x = ", "suffix": "\nprint(x)\n", "stop": "\n\n"})
+    payload = fake.payloads[0]
+    assert (payload["prompt"], payload["suffix"], payload["stop"]) == ("x = ", "\nprint(x)\n", "\n\n")
