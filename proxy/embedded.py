@@ -27,6 +27,8 @@ class EmbeddedServer:
         slots: parallel sequences (`-np`).
         threads: CPU threads; 0 for all cores.
         port: 0 for a free port.
+        swa_full: keep full-size KV cache for sliding-window layers, so a common prompt prefix can be
+            reused (llama.cpp otherwise re-processes the whole prompt of SWA models such as gemma-3).
     """
 
     def __init__(
@@ -36,12 +38,14 @@ class EmbeddedServer:
         slots: int = 2,
         threads: int = 0,
         port: int = 0,
+        swa_full: bool = False,
     ) -> None:
         self.model = model
         self.ctx_tokens = ctx_tokens
         self.slots = slots
         self.threads = threads or os.cpu_count() or 1
         self.port = port
+        self.swa_full = swa_full
         self._server: Any = None
         self.url: str | None = None
 
@@ -66,6 +70,7 @@ class EmbeddedServer:
         params.endpoint_props = True
         params.endpoint_slots = True
         params.verbosity = 0
+        params.swa_full = self.swa_full
         self._server = xllamacpp.Server(params)
         self.url = str(self._server.listening_address).rstrip("/")
         self.port = int(self.url.rsplit(":", 1)[1])

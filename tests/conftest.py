@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from bench.corpus import CODE_DIR, code_texts, train_bpe
 from proxy.app import GPU_OPENER, build_app
 from proxy.config import Settings
 from proxy.embedded import EmbeddedServer
@@ -91,27 +92,14 @@ class FakeGpu:
         self.closed = True
 
 
-CORPUS = Path(__file__).parent / "fixtures" / "corpus"
-SPECIAL_TOKENS = ["<bos>", "<|endoftext|>", "<filename>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
-                  "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<PRE>", "<SUF>", "<MID>"]  # fmt: skip
+CORPUS = CODE_DIR
 
 
 def corpus_texts() -> list[str]:
-    return [path.read_text() for path in sorted(CORPUS.iterdir()) if path.suffix != ".md"]
+    return code_texts()
 
 
 @pytest.fixture(scope="session")
 def bpe_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real byte-level BPE `tokenizer.json`, trained offline on the fixture corpus (about a second)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tokenizer.train_from_iterator(corpus_texts(), trainer)
-    tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
-    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
-    tokenizer.save(str(path))
-    return path
+    """A real byte-level BPE `tokenizer.json`, trained offline on the code corpus."""
+    return train_bpe(tmp_path_factory.mktemp("tokenizer") / "tokenizer.json")

@@ -22,7 +22,7 @@ from proxy.models import NormalizedRequest
 
 log = logging.getLogger("mellum_proxy.budget")
 
-PRECUT_CHARS_PER_TOKEN = 10  # no real code tokenizer averages more; text beyond this is never tokenized
+PRECUT_CHARS_PER_TOKEN = 6  # code averages 3-4 characters a token; text beyond this is never tokenized
 MAX_SHRINK_ROUNDS = 8
 
 
@@ -68,6 +68,7 @@ class ContextBudget:
         self.settings = settings
         self.counter = counter
         self._fallback = CharsEstimator()
+        self._overheads: dict[tuple[str, str | None, str | None], int] = {}
 
     def observe(self, prompt: str, prompt_tokens: int) -> None:
         """Calibration from the upstream's reported `usage.prompt_tokens`."""
@@ -88,10 +89,13 @@ class ContextBudget:
         max_tokens = cap if request.max_tokens is None else min(request.max_tokens, cap)
         prompt_budget = max(1, settings.max_context_tokens - max_tokens)
         parts, template, suffix_field = self._parts(request)
-        overhead = await counter.count(_render(template, FimParts("", "", parts.path)))
+        overhead = await self._overhead(template, parts.path, counter)
         available = max(0, prompt_budget - overhead)
-        prefix = await self._side(parts.prefix.splitlines(keepends=True), available, counter, from_end=True)
-        suffix = await self._side(parts.suffix.splitlines(keepends=True), available, counter, from_end=False)
+        prefix_lines, suffix_lines = parts.prefix.splitlines(keepends=True), parts.suffix.splitlines(keepends=True)
+        # The most each side could get: a token has at least one character, so characters bound the need.
+        p_most, s_most = _split(available, settings.prefix_ratio, len(parts.prefix), len(parts.suffix))
+        prefix = await self._side(prefix_lines, p_most, counter, from_end=True)
+        suffix = await self._side(suffix_lines, s_most, counter, from_end=False)
         tokens_before = overhead + _estimate_total(prefix) + _estimate_total(suffix)
         p_budget, s_budget = _split(available, settings.prefix_ratio, prefix.tokens, suffix.tokens)
         context = parts.context
@@ -135,6 +139,15 @@ class ContextBudget:
         found, parts = parsed
         chosen = template or found  # re-render with the configured template, else with the client's own
         return parts, chosen, False
+
+    async def _overhead(self, template: FimTemplate | None, path: str | None, counter: TokenCounter) -> int:
+        """Tokens of the template itself (and BOS), counted once per template, path and tokenizer."""
+        key = (counter.method, template.name if template else None, path)
+        if key not in self._overheads:
+            if len(self._overheads) > 1024:
+                self._overheads.clear()
+            self._overheads[key] = await counter.count(_render(template, FimParts("", "", path)))
+        return self._overheads[key]
 
     async def _side(self, lines: list[str], budget: int, counter: TokenCounter, from_end: bool) -> _Side:
         """Pre-cut `lines` on the step grid to what could possibly fit, then count tokens per line."""
