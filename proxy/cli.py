@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--upstream-pid", type=int, help="server PID, for its own memory readings")
     base.add_argument("--model", type=Path, help="GGUF for --upstream embedded [default: packaged gemma-3-270m]")
     base.add_argument("--out", type=Path, default=Path("baseline.json"), help="JSON output [default: baseline.json]")
+
+    from proxy.planner.cli import add_commands
+
+    add_commands(commands)
     return parser
 
 
@@ -163,5 +167,7 @@ _COMMANDS = {"serve": _serve, "stats": _stats, "probe": _probe, "baseline": _bas
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from proxy.planner.cli import HANDLERS
+
     args = build_parser().parse_args(argv)
-    _COMMANDS[args.command](args)
+    {**_COMMANDS, **HANDLERS}[args.command](args)

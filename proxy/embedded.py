@@ -29,6 +29,7 @@ class EmbeddedServer:
         port: 0 for a free port.
         swa_full: keep full-size KV cache for sliding-window layers, so a common prompt prefix can be
             reused (llama.cpp otherwise re-processes the whole prompt of SWA models such as gemma-3).
+        verbosity: llama.cpp's log level on stderr (4 prints its buffer sizes, for `inspect-log`).
     """
 
     def __init__(
@@ -39,6 +40,7 @@ class EmbeddedServer:
         threads: int = 0,
         port: int = 0,
         swa_full: bool = False,
+        verbosity: int = 0,
     ) -> None:
         self.model = model
         self.ctx_tokens = ctx_tokens
@@ -46,6 +48,7 @@ class EmbeddedServer:
         self.threads = threads or os.cpu_count() or 1
         self.port = port
         self.swa_full = swa_full
+        self.verbosity = verbosity
         self._server: Any = None
         self.url: str | None = None
 
@@ -69,7 +72,7 @@ class EmbeddedServer:
         params.endpoint_metrics = True
         params.endpoint_props = True
         params.endpoint_slots = True
-        params.verbosity = 0
+        params.verbosity = self.verbosity
         params.swa_full = self.swa_full
         self._server = xllamacpp.Server(params)
         self.url = str(self._server.listening_address).rstrip("/")

@@ -1,0 +1,100 @@
+"""inspect-log on the real embedded llama.cpp start-up output and on quoted vLLM and Ollama lines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+from proxy.embedded import packaged_model
+from proxy.planner.logs import parse_log
+
+# Quoted from public bug reports (the lines as their authors pasted them):
+VLLM_LOG = """\
+INFO 02-19 23:56:55 kv_cache_utils.py:524] GPU KV cache size: 2,042,016 tokens
+INFO 02-19 23:56:55 kv_cache_utils.py:527] Maximum concurrency for 2,048 tokens per request: 997.08x
+Available KV cache memory: 8.11 GiB
+INFO 01-30 03:18:12 gpu_model_runner.py:848] Loading model weights took 67.7229 GB
+"""  # vllm-project/vllm pull 13596 and 12569, issue 21348
+OLLAMA_LOG = (
+    "Aug 08 23:02:37 j-360 ollama[1617]: time=2025-08-08T23:02:37.146+01:00 level=INFO source=server.go:175 "
+    'msg=offload library=cuda layers.requested=49 layers.model=49 layers.offload=48 layers.split="" '
+    'memory.available="[10.9 GiB]" memory.gpu_overhead="0 B" memory.required.full="11.0 GiB" '
+    'memory.required.partial="8.5 GiB" memory.required.kv="608.0 MiB" memory.required.allocations="[8.5 GiB]" '
+    'memory.weights.total="6.8 GiB" memory.weights.repeating="6.0 GiB" memory.weights.nonrepeating="787.5 MiB" '
+    'memory.graph.full="519.5 MiB" memory.graph.partial="1.3 GiB" projector.weights="795.9 MiB" '
+    'projector.graph="1.0 GiB"\n'
+)  # ollama/ollama issue 11819
+OLD_LLAMA_LOG = """\
+Jul 24 21:50:06 vega ollama[132945]: llm_load_tensors: offloaded 43/81 layers to GPU
+Jul 24 21:50:06 vega ollama[132945]: llm_load_tensors:      ROCm0 buffer size = 21533.93 MiB
+Jul 24 21:50:08 vega ollama[132945]: llama_kv_cache_init:      ROCm0 KV buffer size =   344.00 MiB
+"""  # ollama/ollama issue 5913 (an older llama.cpp inside Ollama)
+
+STARTUP = """
+from proxy.embedded import EmbeddedServer
+server = EmbeddedServer(ctx_tokens=4096, slots=2, verbosity=4)
+server.start()
+server.stop()
+"""
+
+
+@pytest.fixture(scope="module")
+def llama_startup_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real start-up log of the embedded llama.cpp server, with its buffer sizes."""
+    result = subprocess.run([sys.executable, "-c", STARTUP], capture_output=True, text=True, timeout=120, check=True)
+    path = tmp_path_factory.mktemp("logs") / "llama-server.log"
+    path.write_text(result.stderr + result.stdout)
+    return path
+
+
+@pytest.mark.embedded
+def test_llama_cpp_startup_estimate_within_15_percent(
+    llama_startup_log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    found = parse_log(llama_startup_log.read_text())
+    assert found.backend == "llama.cpp"
+    assert found.facts["n_ctx_seq"] == 2048 and found.facts["n_seq_max"] == 2 and found.facts["kv_type"] == "f16"
+    assert found.facts["file_type"].startswith("Q4_K")
+    main(["inspect-log", str(llama_startup_log), "--model", str(packaged_model()), "--json"])
+    import orjson
+
+    comparison = orjson.loads(capsys.readouterr().out)["comparison"]
+    assert abs(comparison["weights"]["error"]) < 0.15
+    assert abs(comparison["kv"]["error"]) < 0.15
+
+
+def test_quoted_vllm_lines() -> None:
+    found = parse_log(VLLM_LOG)
+    assert found.backend == "vllm"
+    assert found.facts["kv_cache_tokens"] == 2_042_016
+    assert found.facts["max_concurrency"] == {"tokens_per_request": 2048, "times": 997.08}
+    assert found.kv_bytes == round(8.11 * 2**30)
+    assert found.weights_bytes == round(67.7229e9)
+
+
+def test_quoted_ollama_line() -> None:
+    found = parse_log(OLLAMA_LOG)
+    assert found.backend == "ollama"
+    assert found.weights_bytes == round(6.8 * 2**30)
+    assert found.kv_bytes == (608 * 2**20)
+    assert found.facts["required_full_bytes"] == round(11.0 * 2**30)
+
+
+def test_older_llama_cpp_lines() -> None:
+    found = parse_log(OLD_LLAMA_LOG)
+    assert found.backend == "llama.cpp"
+    assert found.weights_bytes == round(21533.93 * 2**20)
+    assert found.kv_bytes == (344 * 2**20)
+    assert found.facts["offloaded_layers"] == "43/81"
+
+
+def test_a_file_with_no_allocation_lines_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "empty.log"
+    log.write_text("nothing to see\n")
+    with pytest.raises(SystemExit) as info:
+        main(["inspect-log", str(log)])
+    assert info.value.code == 2 and capsys.readouterr().err.count("\n") == 1
