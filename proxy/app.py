@@ -10,8 +10,9 @@ import asyncio
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -29,8 +30,8 @@ from proxy.budget import (
 )
 from proxy.completion import CompletionService, Policies
 from proxy.config import Settings
-from proxy.dialects import openai
-from proxy.dialects.base import error_body
+from proxy.dialects import llamacpp, ollama, openai
+from proxy.dialects.base import StreamWriter, error_body
 from proxy.embedded import EmbeddedServer
 from proxy.errors import (
     InvalidRequestError,
@@ -40,6 +41,7 @@ from proxy.errors import (
     RequestTooLargeError,
     UpstreamError,
 )
+from proxy.models import NormalizedRequest
 from proxy.passthrough import forward
 from proxy.policies import AdmissionQueue, Debouncer, Supersede
 from proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetrics, RecentRecords, Telemetry
@@ -71,6 +73,12 @@ def build_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_upstream_client)
     app.on_response_prepare.append(_add_request_id)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/infill", infill)
+    app.router.add_post("/completion", llamacpp_completion)
+    app.router.add_post("/api/generate", ollama_generate)
+    app.router.add_get("/api/tags", ollama_tags)
+    app.router.add_post("/api/show", ollama_show)
+    app.router.add_get("/api/version", ollama_version)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
@@ -236,11 +244,62 @@ async def read_json(request: web.Request) -> object:
         raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
 
 
+Parser = Callable[[Any, Mapping[str, str], str], NormalizedRequest]
+
+
+async def _complete(
+    request: web.Request, dialect: str, parse: Parser, writer_cls: type[StreamWriter]
+) -> web.StreamResponse:
+    """Parse in the dialect, serve through the one service, answer (and fail) in the dialect's shape."""
+    service = request.app[SERVICE]
+    try:
+        body = await read_json(request)
+        normalized = parse(body, request.headers, request_id(request))
+    except InvalidRequestError as error:
+        service.reject(NormalizedRequest(request_id(request), dialect, openai.session_key(request.headers), ""), error)
+        return web.Response(
+            body=orjson.dumps(writer_cls.error(error)), status=error.status, content_type="application/json"
+        )
+    if writer_cls is llamacpp.LlamaCppWriter:
+        writer: StreamWriter = llamacpp.LlamaCppWriter(request, normalized, body)
+    else:
+        writer = writer_cls(request, normalized)
+    return await service.complete(normalized, writer)
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, openai.DIALECT, openai.parse_completion, openai.CompletionWriter)
+
+
+async def infill(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, llamacpp.INFILL, llamacpp.parse_infill, llamacpp.LlamaCppWriter)
+
+
+async def llamacpp_completion(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, llamacpp.COMPLETION, llamacpp.parse_completion, llamacpp.LlamaCppWriter)
+
+
+async def ollama_generate(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, ollama.DIALECT, ollama.parse_generate, ollama.OllamaWriter)
+
+
+async def ollama_tags(request: web.Request) -> web.Response:
+    ids = ollama.model_ids(await request.app[UPSTREAM].get_json("/v1/models"))
+    return web.json_response(ollama.tags(ids))
+
+
+async def ollama_show(request: web.Request) -> web.Response:
     body = await read_json(request)
-    normalized = openai.parse_completion(body, request.headers, request_id(request))
-    writer = openai.CompletionWriter(request, normalized)
-    return await request.app[SERVICE].complete(normalized, writer)
+    name = body.get("model") or body.get("name") if isinstance(body, dict) else None
+    ids = ollama.model_ids(await request.app[UPSTREAM].get_json("/v1/models"))
+    if not isinstance(name, str) or not name:
+        return web.json_response({"error": "'model' (or 'name') is required"}, status=400)
+    return web.json_response(ollama.show(name if name in ids else (ids[0] if ids else name),
+                                         request.app[SETTINGS].max_context_tokens))  # fmt: skip
+
+
+async def ollama_version(request: web.Request) -> web.Response:
+    return web.json_response({"version": ollama.OLLAMA_VERSION})
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

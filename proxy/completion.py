@@ -72,6 +72,28 @@ class CompletionService:
         finally:
             self.telemetry.finish(record, completion)
 
+    def reject(self, request: NormalizedRequest, error: ProxyError) -> None:
+        """Record a request the dialect could not parse (outcome `bad_request`)."""
+        record = self.telemetry.start(request)
+        record.outcome = Outcome.BAD_REQUEST
+        record.upstream_status = error.status
+        self.telemetry.finish(record, Completion(id=f"cmpl-{request.id}"))
+
+    async def _warm_up(
+        self, request: NormalizedRequest, writer: ResponseWriter, completion: Completion, record: RequestRecord
+    ) -> Outcome:
+        """Cache-warming requests (`n_predict: 0`) run only on a slot that is free right now.
+
+        They are never queued, debounced or allowed to supersede: a warm-up that waits would delay the
+        completions the user is waiting for, and it is stale by the time a slot frees up.
+        """
+        prompt = await self.budget.apply(request)
+        if not self.policies.admission.has_free_slot():
+            return Outcome.SKIPPED
+        async with self.policies.admission.slot():
+            await self._stream(request, prompt, writer, completion, record, None, None)
+        return Outcome.OK
+
     async def _run(
         self,
         request: NormalizedRequest,
@@ -80,6 +102,8 @@ class CompletionService:
         record: RequestRecord,
     ) -> Outcome:
         policies = self.policies
+        if request.warm_up:
+            return await self._warm_up(request, writer, completion, record)
         held_from = anyio.current_time()
         go_on = await policies.debouncer.hold(request.session)
         record.debounce_ms = (anyio.current_time() - held_from) * 1000
@@ -96,7 +120,7 @@ class CompletionService:
                 prompt = await self.budget.apply(request)
                 record.prompt_tokens_before = prompt.tokens_before
                 record.prompt_tokens_after = prompt.tokens_after
-                record.truncated = prompt.truncated
+                record.truncated = completion.truncated = prompt.truncated
                 record.tokenizer = prompt.method
                 queued_from = anyio.current_time()
                 try:
@@ -117,15 +141,16 @@ class CompletionService:
         writer: ResponseWriter,
         completion: Completion,
         record: RequestRecord,
-        ticket: Ticket,
-        deadline: Deadline,
+        ticket: Ticket | None,
+        deadline: Deadline | None,
     ) -> None:
         record.reached_upstream = True
         async with aclosing(self.upstream.stream_completion(completion_payload(request, prompt))) as chunks:
             async for chunk in chunks:
                 if chunk.text and record.ttft_ms is None:
                     record.mark_first_token()
-                    ticket.scope.deadline = deadline.total  # the first-token deadline is met
+                    if ticket is not None and deadline is not None:
+                        ticket.scope.deadline = deadline.total  # the first-token deadline is met
                 completion.add(chunk)
                 await writer.send_chunk(completion, chunk)
         record.upstream_status = 200

@@ -41,6 +41,8 @@ class NormalizedRequest:
             fields, passed to the upstream unchanged.
         file_path: path of the edited file when the dialect carries one.
         language: the editor's language id when the dialect carries one.
+        context_files: other files' text the plugin sent along, as (path, text), nearest last.
+        context_tokens: the client's own context limit (Ollama `num_ctx`), when it gave one.
     """
 
     id: str
@@ -53,6 +55,13 @@ class NormalizedRequest:
     params: dict[str, Any] = field(default_factory=dict)
     file_path: str | None = None
     language: str | None = None
+    context_files: tuple[tuple[str, str], ...] = ()
+    context_tokens: int | None = None
+
+    @property
+    def warm_up(self) -> bool:
+        """A cache-warming request (`n_predict: 0`): fill the prompt cache, generate nothing."""
+        return self.max_tokens == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,7 @@ class Completion:
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     chunks: int = 0
+    truncated: bool = False  # the context budget cut the prompt
 
     def add(self, chunk: Chunk) -> None:
         """Fold one chunk into the aggregate."""

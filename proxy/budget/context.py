@@ -87,7 +87,8 @@ class ContextBudget:
         settings = self.settings
         cap = settings.max_tokens
         max_tokens = cap if request.max_tokens is None else min(request.max_tokens, cap)
-        prompt_budget = max(1, settings.max_context_tokens - max_tokens)
+        context_limit = min(settings.max_context_tokens, request.context_tokens or settings.max_context_tokens)
+        prompt_budget = max(1, context_limit - max_tokens)
         parts, template, suffix_field = self._parts(request)
         overhead = await self._overhead(template, parts.path, counter)
         available = max(0, prompt_budget - overhead)
@@ -132,7 +133,8 @@ class ContextBudget:
         """The parts to fit, the template to render them with, and whether the suffix travels as a field."""
         template = self.settings.template
         if request.suffix is not None:
-            return FimParts(request.prefix, request.suffix, request.file_path), template, template is None
+            files = _context_files(template, request.context_files)
+            return FimParts(request.prefix, request.suffix, request.file_path, files), template, template is None
         parsed = parse_any(request.prefix)
         if parsed is None:  # a plain completion: only the end of the prompt matters
             return FimParts(request.prefix, "", None), None, False
@@ -158,6 +160,14 @@ class ContextBudget:
             kept = _precut(lines, limit, step, from_end)
         counts, offsets = await _count_lines("".join(kept), counter, kept)
         return _Side(kept, counts, offsets, sum(map(len, lines)) - sum(map(len, kept)))
+
+
+def _context_files(template: FimTemplate | None, files: tuple[tuple[str, str], ...]) -> str:
+    """Other files in the template's own layout (`<filename>{path}\n{text}\n` for Mellum); templates
+    without a file header cannot carry them, so they are left out."""
+    if template is None or "{path}" not in template.header:
+        return ""
+    return "".join(template.header.replace("{path}", path) + text.rstrip("\n") + "\n" for path, text in files)
 
 
 def _render(template: FimTemplate | None, parts: FimParts) -> str:

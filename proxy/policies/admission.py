@@ -47,6 +47,10 @@ class AdmissionQueue:
         """Requests waiting for a slot."""
         return sum(1 for waiter in self._waiters if waiter.live)
 
+    def has_free_slot(self) -> bool:
+        """A request would get a slot right now, without queueing."""
+        return self.running < self.limit and self.depth == 0
+
     @asynccontextmanager
     async def slot(self, scope: anyio.CancelScope | None = None) -> AsyncIterator[None]:
         """Hold one upstream slot for the body of the `async with`.

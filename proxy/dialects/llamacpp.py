@@ -1,0 +1,143 @@
+"""llama.cpp's own endpoints: `POST /infill` (llama.vim, llama.vscode) and `POST /completion`
+(Continue's llama.cpp provider, Tabby's llama.cpp backend).
+
+Request fields as the plugins send them (ggml-org/llama.vim `autoload/llama.vim` `llama#fim`;
+ggml-org/llama.vscode `src/llama-server.ts` `createRequestPayload`; continuedev/continue
+`core/llm/llms/LlamaCpp.ts`): `input_prefix`, `input_suffix`, `input_extra` ([{text, filename, time}]),
+`prompt` (for /infill: the current line before the cursor, appended to the prefix), `n_predict`,
+`stream`, `samplers`, `cache_prompt`, `t_max_prompt_ms`, `t_max_predict_ms`, `n_indent`,
+`response_fields`, `id_slot`. Answers in llama.cpp's shape: `content`, `stop`, `timings`,
+`tokens_cached`, `truncated`, and for `stream: true` SSE events with `content` and `stop`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.dialects.base import FieldReader, StreamWriter, finish_reason, require_object
+from proxy.dialects.openai import session_key
+from proxy.errors import InvalidRequestError, ProxyError
+from proxy.models import Chunk, Completion, NormalizedRequest, Outcome
+
+INFILL, COMPLETION = "llamacpp-infill", "llamacpp-completion"
+# The proxy owns slots (several sessions must not be pinned to one) and answers the shape itself.
+_NOT_FORWARDED = ("id_slot", "response_fields", "t_max_prompt_ms")
+
+
+def _extra_files(value: Any) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise InvalidRequestError("'input_extra' must be a list of {text, filename} objects")
+    files = []
+    for item in value:
+        text, name = item.get("text", ""), item.get("filename", "")
+        if not isinstance(text, str) or not isinstance(name, str):
+            raise InvalidRequestError("'input_extra' items need string 'text' and 'filename'")
+        files.append((name, text))
+    return tuple(files)
+
+
+def _max_tokens(fields: FieldReader) -> int | None:
+    n_predict = fields.integer("n_predict", minimum=-1)
+    return None if n_predict in (None, -1) else n_predict
+
+
+def parse_infill(body: Any, headers: Mapping[str, str], request_id: str) -> NormalizedRequest:
+    fields = FieldReader(require_object(body))
+    prefix = fields.string("input_prefix", "") or ""
+    suffix = fields.string("input_suffix", "") or ""
+    current_line = fields.string("prompt", "") or ""
+    extra = _extra_files(fields.raw("input_extra"))
+    max_tokens = _max_tokens(fields)
+    stream = fields.boolean("stream")
+    params = fields.sampling()
+    params.update(fields.rest(_NOT_FORWARDED))
+    path = headers.get("X-File-Path") or (extra[-1][0] if extra else None) or None
+    return NormalizedRequest(
+        id=request_id, dialect=INFILL, session=session_key(headers), prefix=prefix + current_line, suffix=suffix,
+        stream=stream, max_tokens=max_tokens, params=params, file_path=path, language=headers.get("X-Language"),
+        context_files=tuple(f for f in extra if f[1]),
+    )  # fmt: skip
+
+
+def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> NormalizedRequest:
+    fields = FieldReader(require_object(body))
+    prompt = fields.raw("prompt")
+    if prompt is None:
+        prompt = ""
+    if not isinstance(prompt, str):
+        raise InvalidRequestError("'prompt' must be a string (token arrays are not supported by the proxy)")
+    max_tokens = _max_tokens(fields)
+    stream = fields.boolean("stream")
+    params = fields.sampling()
+    params.update(fields.rest(_NOT_FORWARDED))
+    return NormalizedRequest(
+        id=request_id, dialect=COMPLETION, session=session_key(headers), prefix=prompt, suffix=None, stream=stream,
+        max_tokens=max_tokens, params=params, file_path=headers.get("X-File-Path"),
+        language=headers.get("X-Language"),
+    )  # fmt: skip
+
+
+def _timings(completion: Completion) -> dict[str, Any]:
+    """The upstream's own timings when it is llama.cpp, else what its usage says."""
+    if completion.timings:
+        return completion.timings
+    usage = completion.usage or {}
+    return {"prompt_n": usage.get("prompt_tokens", 0), "predicted_n": usage.get("completion_tokens", 0)}
+
+
+def _flatten(body: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """llama.cpp's `response_fields`: only those fields, nested ones under their `a/b` path."""
+    out: dict[str, Any] = {}
+    for path in fields:
+        value: Any = body
+        for part in path.split("/"):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            out[path] = value
+    return out
+
+
+class LlamaCppWriter(StreamWriter):
+    """llama.cpp's answer shape for /infill and /completion."""
+
+    def __init__(self, http_request: Any, request: NormalizedRequest, body: Any = None) -> None:
+        super().__init__(http_request, request, body)
+        fields = body.get("response_fields") if isinstance(body, dict) else None
+        self.response_fields = [f for f in fields if isinstance(f, str)] if isinstance(fields, list) else None
+
+    def _final(self, completion: Completion, outcome: Outcome, content: str) -> dict[str, Any]:
+        reason = finish_reason(completion, outcome)
+        usage = completion.usage or {}
+        details = usage.get("prompt_tokens_details") or {}
+        body = {
+            "content": content,
+            "stop": True,
+            "model": completion.model,
+            "tokens_predicted": usage.get("completion_tokens", 0),
+            "tokens_evaluated": usage.get("prompt_tokens", 0),
+            "tokens_cached": details.get("cached_tokens", 0),
+            "truncated": completion.truncated,
+            "stop_type": "limit" if reason == "length" else "eos",
+            "timings": _timings(completion),
+        }
+        return _flatten(body, self.response_fields) if self.response_fields else body
+
+    def event(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
+        if chunk.finish_reason is not None:
+            return self._final(completion, Outcome.OK, chunk.text)
+        return {"content": chunk.text, "stop": False}
+
+    def last_event(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
+        return self._final(completion, outcome, "")
+
+    def body(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
+        return self._final(completion, outcome, completion.text)
+
+    @classmethod
+    def error(cls, error: ProxyError) -> dict[str, Any]:
+        return {"error": {"code": error.status, "message": error.message, "type": error.type}}
+
+    end_of_stream = b""  # llama.cpp ends its stream with the `stop: true` event, no [DONE]

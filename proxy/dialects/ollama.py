@@ -1,0 +1,116 @@
+"""Ollama's `POST /api/generate` (Continue's and Twinny's Ollama providers) and the discovery calls
+these plugins make first (`GET /api/tags`, `POST /api/show`, `GET /api/version`).
+
+Request fields as Continue sends them (continuedev/continue `core/llm/llms/Ollama.ts`
+`_getGenerateOptions`): `model`, `prompt`, `suffix`, `raw`, `options` {temperature, top_p, top_k,
+num_predict, stop, num_ctx, ...}, `keep_alive`, `stream`. Answers are NDJSON lines `{response, done}`
+ending with `done: true`, `done_reason` and the eval counts. Continue treats a model as FIM-capable
+when `/api/show`'s `template` contains `.Suffix`, so the answer says so: the proxy renders the FIM
+prompt itself whatever the upstream is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from proxy.dialects.base import FieldReader, StreamWriter, finish_reason, require_object
+from proxy.dialects.openai import session_key
+from proxy.errors import InvalidRequestError, ProxyError
+from proxy.models import Chunk, Completion, NormalizedRequest, Outcome
+
+DIALECT = "ollama"
+OLLAMA_VERSION = "0.9.0"  # what /api/version claims: plugins compare it against their minimums
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p")
+
+
+def parse_generate(body: Any, headers: Mapping[str, str], request_id: str) -> NormalizedRequest:
+    fields = FieldReader(require_object(body))
+    prompt = fields.string("prompt", "") or ""
+    suffix = fields.string("suffix")
+    stream = fields.boolean("stream", default=True)  # Ollama streams unless told not to
+    fields.boolean("raw")  # the proxy never applies a chat template: raw or not, the prompt is the text
+    for ignored in ("model", "keep_alive", "context", "images", "system", "template", "format"):
+        fields.raw(ignored)  # the upstream's model and memory are not the client's to choose here
+    options_value = fields.raw("options") or {}
+    if not isinstance(options_value, dict):
+        raise InvalidRequestError("'options' must be an object")
+    options = FieldReader(options_value, prefix="options.")
+    params = options.sampling(_SAMPLING)
+    num_predict = options.integer("num_predict", minimum=-2)
+    num_ctx = options.integer("num_ctx", minimum=1)
+    return NormalizedRequest(
+        id=request_id, dialect=DIALECT, session=session_key(headers), prefix=prompt, suffix=suffix or None,
+        stream=stream, max_tokens=None if num_predict is None or num_predict < 0 else num_predict, params=params,
+        file_path=headers.get("X-File-Path"), language=headers.get("X-Language"), context_tokens=num_ctx,
+    )  # fmt: skip
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+class OllamaWriter(StreamWriter):
+    content_type = "application/x-ndjson"
+    end_of_stream = b""
+
+    def frame(self, payload: dict[str, Any]) -> bytes:
+        return orjson.dumps(payload) + b"\n"
+
+    def _base(self, completion: Completion, text: str, done: bool) -> dict[str, Any]:
+        return {"model": completion.model, "created_at": _now(), "response": text, "done": done}
+
+    def _final(self, completion: Completion, outcome: Outcome, text: str) -> dict[str, Any]:
+        usage = completion.usage or {}
+        timings = completion.timings or {}
+        body = self._base(completion, text, True)
+        body.update({
+            "done_reason": finish_reason(completion, outcome),
+            "context": [],
+            "prompt_eval_count": usage.get("prompt_tokens", 0),
+            "eval_count": usage.get("completion_tokens", 0),
+            "prompt_eval_duration": int(float(timings.get("prompt_ms", 0)) * 1e6),
+            "eval_duration": int(float(timings.get("predicted_ms", 0)) * 1e6),
+        })  # fmt: skip
+        return body
+
+    def event(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
+        if chunk.finish_reason is not None:
+            return self._final(completion, Outcome.OK, chunk.text)
+        return self._base(completion, chunk.text, False)
+
+    def last_event(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
+        return self._final(completion, outcome, "")
+
+    def body(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
+        return self._final(completion, outcome, completion.text)
+
+    @classmethod
+    def error(cls, error: ProxyError) -> dict[str, Any]:
+        return {"error": error.message}
+
+
+def model_ids(models: Any) -> list[str]:
+    """Model ids from an OpenAI `/v1/models` answer."""
+    data = models.get("data") if isinstance(models, dict) else None
+    return [str(m["id"]) for m in data or [] if isinstance(m, dict) and "id" in m]
+
+
+def tags(ids: list[str]) -> dict[str, Any]:
+    details = {"format": "gguf", "family": "", "families": None, "parameter_size": "", "quantization_level": ""}
+    return {"models": [{"name": i, "model": i, "modified_at": _now(), "size": 0, "digest": "", "details": details}
+                       for i in ids]}  # fmt: skip
+
+
+def show(name: str, max_context_tokens: int) -> dict[str, Any]:
+    return {
+        "modelfile": f"# served through mellum-proxy\nFROM {name}\n",
+        "parameters": f"num_ctx {max_context_tokens}",
+        "template": "{{ .Prompt }}{{ .Suffix }}",  # FIM-capable: the proxy renders the model's FIM prompt
+        "details": {"format": "gguf", "family": "", "parameter_size": "", "quantization_level": ""},
+        "model_info": {},
+        "capabilities": ["completion", "insert"],
+    }
