@@ -252,19 +252,15 @@ async def _complete(
 ) -> web.StreamResponse:
     """Parse in the dialect, serve through the one service, answer (and fail) in the dialect's shape."""
     service = request.app[SERVICE]
+    rid = request_id(request)
     try:
         body = await read_json(request)
-        normalized = parse(body, request.headers, request_id(request))
+        normalized = parse(body, request.headers, rid)
     except InvalidRequestError as error:
-        service.reject(NormalizedRequest(request_id(request), dialect, openai.session_key(request.headers), ""), error)
-        return web.Response(
-            body=orjson.dumps(writer_cls.error(error)), status=error.status, content_type="application/json"
-        )
-    if writer_cls is llamacpp.LlamaCppWriter:
-        writer: StreamWriter = llamacpp.LlamaCppWriter(request, normalized, body)
-    else:
-        writer = writer_cls(request, normalized)
-    return await service.complete(normalized, writer)
+        service.reject(NormalizedRequest(rid, dialect, openai.session_key(request.headers), ""), error)
+        payload = orjson.dumps(writer_cls.error(error))
+        return web.Response(body=payload, status=error.status, content_type="application/json")
+    return await service.complete(normalized, writer_cls(request, normalized, body))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
