@@ -74,9 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--model", type=Path, help="GGUF for --upstream embedded [default: packaged gemma-3-270m]")
     base.add_argument("--out", type=Path, default=Path("baseline.json"), help="JSON output [default: baseline.json]")
 
-    from proxy.planner.cli import add_commands
+    from proxy.editor import cli as editor_cli
+    from proxy.planner import cli as planner_cli
 
-    add_commands(commands)
+    planner_cli.add_commands(commands)
+    editor_cli.add_commands(commands)
     return parser
 
 
@@ -167,7 +169,8 @@ _COMMANDS = {"serve": _serve, "stats": _stats, "probe": _probe, "baseline": _bas
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from proxy.planner.cli import HANDLERS
+    from proxy.editor.cli import HANDLERS as EDITOR
+    from proxy.planner.cli import HANDLERS as PLANNER
 
     args = build_parser().parse_args(argv)
-    {**_COMMANDS, **HANDLERS}[args.command](args)
+    {**_COMMANDS, **PLANNER, **EDITOR}[args.command](args)

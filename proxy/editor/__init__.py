@@ -1,0 +1,1 @@
+"""Editor plugin configurations and the background service."""

@@ -1,0 +1,44 @@
+"""`mellum-proxy editor-config NAME`: a plugin's config file, filled in with the proxy's settings.
+
+The templates are package data; `editor-configs/` in the repository holds them rendered with the
+defaults (a test keeps the two equal). Plugin-side settings follow the tuning guide: trigger delay as the
+proxy's debounce, one request in flight, the request timeout and context the proxy enforces.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from string import Template
+
+from proxy.config import Settings
+
+CONFIGS = {
+    "continue": "continue.yaml",
+    "llama-vscode": "llama-vscode.json",
+    "llama-vim": "llama-vim.vim",
+    "minuet": "minuet.lua",
+    "twinny": "twinny.json",
+    "tabby": "tabby.toml",
+    "jetbrains": "jetbrains-ai-assistant.md",
+}
+
+
+def values(settings: Settings) -> dict[str, str]:
+    host = "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::", "") else settings.listen_host
+    base = f"http://{host}:{settings.listen_port}"
+    return {
+        "base_url": base,
+        "host": host,
+        "port": str(settings.listen_port),
+        "debounce_ms": str(max(settings.debounce_ms, 1)),
+        "timeout_ms": str(settings.timeout_ms or 1500),
+        "timeout_s": f"{(settings.timeout_ms or 1500) / 1000:g}",
+        "max_context_tokens": str(settings.max_context_tokens),
+        "max_tokens": str(settings.max_tokens),
+    }
+
+
+def render(name: str, settings: Settings) -> str:
+    """The config of plugin `name` (a key of CONFIGS) for these settings."""
+    template = files("proxy.editor").joinpath("templates", CONFIGS[name]).read_text()
+    return Template(template).substitute(values(settings))

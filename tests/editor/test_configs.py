@@ -1,0 +1,121 @@
+"""Editor configs parse, name the proxy's address, match the templates; the service unit is valid."""
+
+from __future__ import annotations
+
+import json
+import plistlib
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from proxy.cli import main
+from proxy.config import Settings
+from proxy.editor import service
+from proxy.editor.configs import CONFIGS, render
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = ROOT / "editor-configs"
+
+
+def jsonc(text: str) -> object:
+    return json.loads("\n".join(line for line in text.splitlines() if not line.lstrip().startswith("//")))
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_shipped_config_equals_its_template_with_defaults(name: str) -> None:
+    assert (CONFIG_DIR / CONFIGS[name]).read_text() == render(name, Settings())
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_config_names_the_default_address(name: str) -> None:
+    text = (CONFIG_DIR / CONFIGS[name]).read_text()
+    assert "127.0.0.1:8011" in text or ("127.0.0.1" in text and "8011" in text)
+    assert text.splitlines()[0].startswith(("#", "//", '"', "--"))  # a header says where it goes
+
+
+def test_structured_configs_parse() -> None:
+    cont = yaml.safe_load((CONFIG_DIR / "continue.yaml").read_text())
+    assert {m["provider"] for m in cont["models"]} == {"ollama", "openai"}
+    assert all(m["roles"] == ["autocomplete"] for m in cont["models"])
+    assert cont["models"][0]["autocompleteOptions"]["modelTimeout"] == 1500
+    vscode = jsonc((CONFIG_DIR / "llama-vscode.json").read_text())
+    assert vscode["llama-vscode.endpoint"] == "http://127.0.0.1:8011"  # type: ignore[index]
+    twinny = jsonc((CONFIG_DIR / "twinny.json").read_text())
+    assert twinny["twinny.debounceWait"] == 150  # type: ignore[index]
+    tabby = tomllib.loads((CONFIG_DIR / "tabby.toml").read_text())
+    assert tabby["model"]["completion"]["http"]["kind"] == "llama.cpp/completion"
+
+
+@pytest.mark.skipif(shutil.which("vim") is None, reason="vim is not installed")
+def test_llama_vim_config_is_valid_vim_script(tmp_path: Path) -> None:
+    check = tmp_path / "check.vim"
+    expect = "if g:llama_config.endpoint !=# 'http://127.0.0.1:8011/infill' | cquit 3 | endif"
+    check.write_text(f"source {CONFIG_DIR / 'llama-vim.vim'}\n{expect}\nqall!\n")
+    result = subprocess.run(["vim", "-u", "NONE", "-N", "-es", "-S", str(check)], capture_output=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_minuet_config_is_lua() -> None:
+    """No Lua interpreter is installed here, so this is a lexer check: no token Pygments cannot place."""
+    from pygments.lexers import LuaLexer
+    from pygments.token import Error
+
+    text = (CONFIG_DIR / "minuet.lua").read_text()
+    assert not [value for kind, value in LuaLexer().get_tokens(text) if kind in Error]
+    assert text.count("{") == text.count("}")
+    if shutil.which("luac"):
+        assert subprocess.run(["luac", "-p", str(CONFIG_DIR / "minuet.lua")], timeout=10).returncode == 0
+
+
+def test_editor_config_command_uses_the_running_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('listen = "127.0.0.1:9123"\ntimeout_ms = 900\n')
+    main(["editor-config", "minuet", "--config", str(config)])
+    out = capsys.readouterr().out
+    assert "http://127.0.0.1:9123/v1/completions" in out and "request_timeout = 0.9" in out
+
+
+def test_systemd_unit_runs_serve_with_the_config(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    files = service.plan(config, unit_dir=tmp_path / "units", platform="systemd")
+    service.write(files)
+    unit = files.unit_path.read_text()
+    assert f"-m proxy serve --config {config}" in unit
+    assert "Restart=on-failure" in unit and "WantedBy=default.target" in unit
+    if shutil.which("systemd-analyze"):
+        result = subprocess.run(["systemd-analyze", "verify", str(files.unit_path)], capture_output=True, text=True,
+                                timeout=60)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+
+
+def test_launchd_agent(tmp_path: Path) -> None:
+    files = service.plan(tmp_path / "c.toml", unit_dir=tmp_path, platform="launchd")
+    service.write(files)
+    agent = plistlib.loads(files.unit_path.read_bytes())
+    assert agent["Label"] == "dev.mellum-proxy" and agent["ProgramArguments"][-2:] == [
+        "--config",
+        str(tmp_path / "c.toml"),
+    ]
+    assert agent["KeepAlive"] == {"SuccessfulExit": False} and agent["RunAtLoad"] is True
+
+
+def test_service_install_and_uninstall_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    units, config = tmp_path / "units", tmp_path / "cfg" / "config.toml"
+    main(["service", "install", "--config", str(config), "--unit-dir", str(units), "--no-activate"])
+    assert config.exists() and (units / "mellum-proxy.service").exists()
+    main(["service", "status", "--config", str(config), "--unit-dir", str(units)])
+    assert "installed at" in capsys.readouterr().out
+    main(["service", "uninstall", "--config", str(config), "--unit-dir", str(units), "--no-activate"])
+    assert not (units / "mellum-proxy.service").exists()
+
+
+def test_service_refuses_a_broken_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("debounce_ms = 'soon'\n")
+    with pytest.raises(SystemExit) as info:
+        main(["service", "install", "--config", str(config), "--unit-dir", str(tmp_path), "--no-activate"])
+    assert info.value.code == 2 and "debounce_ms" in capsys.readouterr().err
