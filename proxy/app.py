@@ -135,19 +135,23 @@ async def _telemetry(app: web.Application) -> AsyncIterator[None]:
     gpu = GpuSampler(app.get(GPU_OPENER) or gpu_opener(settings, pid), settings.vram_interval_ms / 1000)
     await asyncio.to_thread(gpu.open)
     sampler = asyncio.create_task(gpu.run(), name="gpu-sampler")
-    log_file = None
+    log_file = recorder = None
     if settings.log is not None:
         log_file = JsonlLog(settings.log, int(settings.log_max_mb * 1024 * 1024))
         log_file.start()
-    app[TELEMETRY] = Telemetry(app[RECORDS], gpu, log_file, log_content=settings.log_content)
+    if settings.record is not None:
+        recorder = JsonlLog(settings.record, int(settings.log_max_mb * 1024 * 1024))
+        recorder.start()
+    app[TELEMETRY] = Telemetry(app[RECORDS], gpu, log_file, log_content=settings.log_content, recorder=recorder)
     try:
         yield
     finally:
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
         gpu.close()
-        if log_file is not None:
-            await log_file.close()
+        for sink in (log_file, recorder):
+            if sink is not None:
+                await sink.close()
 
 
 async def build_policies(settings: Settings, upstream: UpstreamClient) -> Policies:

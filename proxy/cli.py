@@ -74,11 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--model", type=Path, help="GGUF for --upstream embedded [default: packaged gemma-3-270m]")
     base.add_argument("--out", type=Path, default=Path("baseline.json"), help="JSON output [default: baseline.json]")
 
+    from bench import cli as bench_cli
     from proxy.editor import cli as editor_cli
     from proxy.planner import cli as planner_cli
 
     planner_cli.add_commands(commands)
     editor_cli.add_commands(commands)
+    bench_cli.add_commands(commands)
     return parser
 
 
@@ -173,4 +175,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     from proxy.planner.cli import HANDLERS as PLANNER
 
     args = build_parser().parse_args(argv)
-    {**_COMMANDS, **PLANNER, **EDITOR}[args.command](args)
+    from bench.cli import run as bench
+
+    {**_COMMANDS, **PLANNER, **EDITOR, "bench": bench}[args.command](args)

@@ -73,6 +73,7 @@ class Settings(BaseSettings):
     log: Path | None = Field(None, description="Append one JSON line per request to this file.")
     log_max_mb: float = Field(64.0, gt=0, description="Rotate the request log past this size (keeps 3).")
     log_content: bool = Field(False, description="Also log prompt, suffix and completion text.")
+    record: Path | None = Field(None, description="Record every incoming completion request (for bench replay).")
     vram_interval_ms: int = Field(200, ge=10, description="GPU memory sampling period.")
     gpu: int = Field(0, ge=0, description="NVML index of the GPU the upstream runs on.")
     upstream_pid: int = Field(0, ge=0, description="Upstream server's PID, for its own GPU usage (0: unknown).")

@@ -50,15 +50,26 @@ class StreamWriter:
         self.response: web.StreamResponse | None = None
 
     # --- what a dialect defines -----------------------------------------------------------
-    def event(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
+    def partial(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
+        """A streamed piece that does not end the answer."""
         raise NotImplementedError
+
+    def final(self, completion: Completion, outcome: Outcome, text: str) -> dict[str, Any]:
+        """The piece that ends the answer with `text`; with the whole text, also the non-streamed body."""
+        raise NotImplementedError
+
+    # --- derived from those -----------------------------------------------------------------
+    def event(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
+        if chunk.finish_reason is not None:
+            return self.final(completion, Outcome.OK, chunk.text)
+        return self.partial(completion, chunk)
 
     def last_event(self, completion: Completion, outcome: Outcome) -> dict[str, Any] | None:
         """The closing event when the answer ended early (the upstream sent no final chunk)."""
-        raise NotImplementedError
+        return self.final(completion, outcome, "")
 
     def body(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
-        raise NotImplementedError
+        return self.final(completion, outcome, completion.text)
 
     @classmethod
     def error(cls, error: ProxyError) -> dict[str, Any]:

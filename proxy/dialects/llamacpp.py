@@ -108,12 +108,12 @@ class LlamaCppWriter(StreamWriter):
         fields = body.get("response_fields") if isinstance(body, dict) else None
         self.response_fields = [f for f in fields if isinstance(f, str)] if isinstance(fields, list) else None
 
-    def _final(self, completion: Completion, outcome: Outcome, content: str) -> dict[str, Any]:
+    def final(self, completion: Completion, outcome: Outcome, text: str) -> dict[str, Any]:
         reason = finish_reason(completion, outcome)
         usage = completion.usage or {}
         details = usage.get("prompt_tokens_details") or {}
         body = {
-            "content": content,
+            "content": text,
             "stop": True,
             "model": completion.model,
             "tokens_predicted": usage.get("completion_tokens", 0),
@@ -125,16 +125,8 @@ class LlamaCppWriter(StreamWriter):
         }
         return _flatten(body, self.response_fields) if self.response_fields else body
 
-    def event(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
-        if chunk.finish_reason is not None:
-            return self._final(completion, Outcome.OK, chunk.text)
+    def partial(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
         return {"content": chunk.text, "stop": False}
-
-    def last_event(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
-        return self._final(completion, outcome, "")
-
-    def body(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
-        return self._final(completion, outcome, completion.text)
 
     @classmethod
     def error(cls, error: ProxyError) -> dict[str, Any]:

@@ -63,7 +63,7 @@ class OllamaWriter(StreamWriter):
     def _base(self, completion: Completion, text: str, done: bool) -> dict[str, Any]:
         return {"model": completion.model, "created_at": _now(), "response": text, "done": done}
 
-    def _final(self, completion: Completion, outcome: Outcome, text: str) -> dict[str, Any]:
+    def final(self, completion: Completion, outcome: Outcome, text: str) -> dict[str, Any]:
         usage = completion.usage or {}
         timings = completion.timings or {}
         body = self._base(completion, text, True)
@@ -77,16 +77,8 @@ class OllamaWriter(StreamWriter):
         })  # fmt: skip
         return body
 
-    def event(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
-        if chunk.finish_reason is not None:
-            return self._final(completion, Outcome.OK, chunk.text)
+    def partial(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
         return self._base(completion, chunk.text, False)
-
-    def last_event(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
-        return self._final(completion, outcome, "")
-
-    def body(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
-        return self._final(completion, outcome, completion.text)
 
     @classmethod
     def error(cls, error: ProxyError) -> dict[str, Any]:

@@ -73,17 +73,14 @@ def completion_object(completion: Completion, text: str, finish: str | None) -> 
 class CompletionWriter(StreamWriter):
     """SSE `text_completion` chunks then `[DONE]` for `stream: true`, else one JSON body."""
 
-    def event(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
-        body = completion_object(completion, chunk.text, chunk.finish_reason)
+    def partial(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
+        body = completion_object(completion, chunk.text, None)
         if chunk.usage is not None:
             body["usage"] = chunk.usage
         return body
 
-    def last_event(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
-        return completion_object(completion, "", finish_reason(completion, outcome))
-
-    def body(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
-        body = completion_object(completion, completion.text, finish_reason(completion, outcome))
+    def final(self, completion: Completion, outcome: Outcome, text: str) -> dict[str, Any]:
+        body = completion_object(completion, text, finish_reason(completion, outcome))
         if completion.usage is not None:
             body["usage"] = completion.usage
         return body

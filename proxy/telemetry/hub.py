@@ -20,15 +20,19 @@ class Telemetry:
         log: JsonlLog | None = None,
         metrics: ProxyMetrics | None = None,
         log_content: bool = False,
+        recorder: JsonlLog | None = None,
     ) -> None:
         self.records = records
         self.gpu = gpu
         self.log = log
         self.metrics = metrics
         self.log_content = log_content
+        self.recorder = recorder
 
     def start(self, request: NormalizedRequest) -> RequestRecord:
         record = RequestRecord.start(request, self.log_content)
+        if self.recorder is not None:
+            self.recorder.put(arrival(request, record.received_at, self.log_content))
         if self.gpu is not None:
             window = self.gpu.start_window(id(record))
             record.vram_used_mib_start = window.start_mib
@@ -46,3 +50,19 @@ class Telemetry:
             self.metrics.observe(record)
         if self.log is not None:
             self.log.put(record.as_dict())
+
+
+def arrival(request: NormalizedRequest, at: float, with_text: bool) -> dict[str, object]:
+    """One line of `serve --record`: when a request arrived and what it was, text only if asked."""
+    line: dict[str, object] = {
+        "t": at,
+        "session": request.session,
+        "dialect": request.dialect,
+        "file": request.file_path,
+        "prefix_chars": len(request.prefix),
+        "suffix_chars": len(request.suffix or ""),
+    }
+    if with_text:
+        line["prompt"] = request.prefix
+        line["suffix"] = request.suffix or ""
+    return line

@@ -127,7 +127,8 @@ async def test_twinny_ollama_prerendered_fim(proxy: Any) -> None:
 
 
 async def test_minuet_openai_fim_stream(proxy: Any) -> None:
-    """minuet-ai.nvim openai_fim_compatible: POST /v1/completions {model, prompt, suffix, max_tokens, stream}."""
+    """milanglacier/minuet-ai.nvim lua/minuet/backends/common.lua `complete_openai_fim_base`: {model, stream,
+    prompt, suffix} plus `options.optional` (max_tokens, top_p); it reads `choices[1].text`."""
     body = {"model": "mellum", "prompt": PREFIX + "    return ", "suffix": SUFFIX, "max_tokens": 16,
             "top_p": 0.9, "stream": True}  # fmt: skip
     resp = await proxy.post("/v1/completions", json=body)

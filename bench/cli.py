@@ -1,0 +1,355 @@
+"""`mellum-proxy bench replay|convert|synth`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shlex
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from bench.trace import Event, Trace, TraceError, limited, read_trace, write_trace
+
+
+def load_trace(path: Path) -> Trace:
+    """A `mellum-trace/1` file, or a josephg editing-traces file (converted on the fly)."""
+    if path.name.endswith((".json.gz", ".json")):
+        from bench.convert import from_josephg
+
+        return from_josephg(path)
+    return read_trace(path)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"mellum-proxy: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def add_commands(commands: Any) -> None:
+    bench = commands.add_parser("bench", help="replay keystroke traces through the proxy and compare policies")
+    sub = bench.add_subparsers(dest="bench_command", required=True, parser_class=type(bench))
+    replay = sub.add_parser("replay", help="replay traces under several policies against one upstream")
+    replay.add_argument("traces", nargs="+", type=Path)
+    replay.add_argument("--upstream", required=True, help="URL, 'embedded', or 'sim[:PROFILE]' (embedded-cpu, fast)")
+    replay.add_argument(
+        "--policy", action="append", required=True, help="NAME[:key=value,...]; 'direct' is the baseline"
+    )
+    replay.add_argument("--out", type=Path, required=True)
+    replay.add_argument("--limit-events", type=int, help="stop after this many edits")
+    replay.add_argument("--pause-ms", type=float, default=300, help="a gap this long is a pause [default: 300]")
+    replay.add_argument("--max-gap-ms", type=float, default=2000, help="shorten longer gaps to this [default: 2000]")
+    replay.add_argument("--max-tokens", type=int, default=64, help="what the plugin asks for [default: 64]")
+
+    convert = sub.add_parser("convert", help="josephg editing-traces, ProgSnap2 CSV or a proxy recording -> trace")
+    convert.add_argument("source", type=Path)
+    convert.add_argument("--from", dest="kind", choices=["josephg", "progsnap2", "recording"], required=True)
+    convert.add_argument("--out", type=Path, required=True)
+
+    ladder = sub.add_parser("ladder", help="prompt length x concurrency against a real server: TTFT, memory, failures")
+    ladder.add_argument("--upstream", required=True, help="URL or 'embedded'")
+    ladder.add_argument("--via-proxy", action="store_true", help="run the same workload through the proxy")
+    ladder.add_argument(
+        "--proxy-setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a proxy setting for --via-proxy (repeatable)",
+    )
+    ladder.add_argument("--contexts", default="short,mid,long", help="prompt tokens, or short,mid,long [default]")
+    ladder.add_argument("--concurrency", default="1,2,4", help="requests at once [default: 1,2,4]")
+    ladder.add_argument("--repeat", type=int, default=5, help="requests per cell [default: 5]")
+    ladder.add_argument("--max-tokens", type=int, default=64)
+    ladder.add_argument("--code", type=Path, help="the code snippet [default: the shipped bench/code corpus]")
+    ladder.add_argument("--context-limit", type=int, help="the server's context per request [default: from /props]")
+    ladder.add_argument("--gpu", type=int, default=0)
+    ladder.add_argument("--upstream-pid", type=int, help="server PID, for its host memory")
+    ladder.add_argument("--out", type=Path, default=Path("bench/out/ladder"))
+
+    quality = sub.add_parser("quality", help="HumanEval single-line infilling acceptance set")
+    quality.add_argument("--upstream", help="URL or 'embedded'")
+    quality.add_argument("--via-proxy", action="store_true")
+    quality.add_argument("--proxy-setting", action="append", default=[], metavar="KEY=VALUE")
+    quality.add_argument("--template", default="mellum", help="FIM template [default: mellum]")
+    quality.add_argument("--limit", type=int, help="the first N tasks")
+    quality.add_argument("--execute", action="store_true", help="run the problems' tests (not a sandbox!)")
+    quality.add_argument(
+        "--compare", nargs=2, type=Path, metavar=("A.json", "B.json"), help="what got worse from A to B"
+    )
+    quality.add_argument("--out", type=Path, default=Path("bench/out/quality"))
+
+    synth = sub.add_parser("synth", help="a seeded synthetic trace typing a source file")
+    synth.add_argument("source", type=Path)
+    synth.add_argument("--out", type=Path, required=True)
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--limit-chars", type=int)
+
+
+def run(args: argparse.Namespace) -> None:
+    handlers = {"replay": _replay, "convert": _convert, "synth": _synth, "ladder": _ladder, "quality": _quality}
+    handlers[args.bench_command](args)
+
+
+def _convert(args: argparse.Namespace) -> None:
+    from bench import convert
+
+    readers = {
+        "josephg": convert.from_josephg,
+        "progsnap2": convert.from_progsnap2,
+        "recording": convert.from_recording,
+    }
+    try:
+        trace = readers[args.kind](args.source)
+    except (OSError, TraceError, KeyError, ValueError) as exc:
+        _fail(f"cannot convert {args.source}: {exc}")
+    write_trace(trace, args.out)
+    print(f"wrote {args.out}: {trace.edits} edits")
+
+
+def _synth(args: argparse.Namespace) -> None:
+    from bench.synth import synthesize_file
+
+    try:
+        trace = synthesize_file(args.source, args.seed, args.limit_chars)
+    except OSError as exc:
+        _fail(f"cannot read {args.source}: {exc.strerror}")
+    write_trace(trace, args.out)
+    print(f"wrote {args.out}: {trace.edits} edits")
+
+
+@contextlib.asynccontextmanager
+async def upstream_for(spec: str) -> AsyncIterator[tuple[str, str]]:
+    """(URL, description) of the upstream: a URL, the embedded llama.cpp server, or the simulator."""
+    if spec == "embedded":
+        from proxy.embedded import EmbeddedServer
+
+        server = EmbeddedServer(ctx_tokens=4096, slots=2)
+        url = await asyncio.to_thread(server.start)
+        try:
+            yield url, "embedded llama.cpp (gemma-3-270m Q4_K_M, 2 slots x 2048 tokens, CPU)"
+        finally:
+            await asyncio.to_thread(server.stop)
+    elif spec.startswith("sim"):
+        from aiohttp import web
+
+        from bench.sim import SimServer, profile
+
+        chosen = profile(spec.partition(":")[2] or "embedded-cpu")
+        runner = web.AppRunner(SimServer(chosen).app(), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        try:
+            yield f"http://{host}:{port}", f"sim:{chosen.name} ({chosen.source})"
+        finally:
+            await runner.cleanup()
+    else:
+        yield spec.rstrip("/").removesuffix("/v1"), spec
+
+
+def _replay(args: argparse.Namespace) -> None:
+    from bench.replay import parse_policy
+
+    try:
+        policies = [parse_policy(text) for text in args.policy]
+        events: list[Event] = []
+        for path in args.traces:  # several traces play one after another
+            offset = events[-1].t_ms + 2000 if events else 0
+            events += [replace(e, t_ms=e.t_ms + offset) for e in limited(load_trace(path), args.limit_events)]
+    except (OSError, TraceError, ValueError) as exc:
+        _fail(str(exc))
+    command = "mellum-proxy bench " + shlex.join(sys.argv[2:]) if len(sys.argv) > 2 else "mellum-proxy bench replay"
+    asyncio.run(_run_all(args, policies, events, command))
+
+
+async def _run_all(args: argparse.Namespace, policies: list[Any], events: list[Event], command: str) -> None:
+    from bench import report
+    from bench.replay import run_policy
+
+    async with upstream_for(args.upstream) as (url, described):
+        print(f"upstream: {described}")
+        print("order: " + " -> ".join(p.name for p in policies))
+        results = []
+        for policy in policies:
+            results.append(await run_policy(policy, events, url, args.pause_ms, args.max_gap_ms, args.max_tokens,
+                                            _progress_bar(policy.name, len(events))))  # fmt: skip
+            r = results[-1]
+            print(f"{policy.name}: {r.upstream_requests} upstream requests, {r.shown} shown, coverage "
+                  f"{(r.pause_coverage or 0):.0%}, p95 {r.latency_p95_ms or 0:.0f} ms")  # fmt: skip
+    timing = (
+        f"{results[0].edits} edits; pauses are gaps >= {args.pause_ms:g} ms; gaps > {args.max_gap_ms:g} ms shortened"
+    )
+    notes = [f"upstream: {described}", timing, "policy order: " + " -> ".join(p.name for p in policies)]
+    for path in report.write(results, args.out, command, notes):
+        print(f"wrote {path}")
+
+
+def _progress_bar(name: str, total: int) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    bar = tqdm(total=total, desc=name, unit="event", leave=True, file=sys.stderr)
+
+    def update(position: int, in_flight: int) -> None:
+        bar.n = position + 1
+        bar.set_postfix(in_flight=in_flight, refresh=False)
+        if position % 25 == 0 or position + 1 == total:
+            bar.refresh()
+        if position + 1 == total:
+            bar.close()
+
+    return update
+
+
+def _settings_policy(args: argparse.Namespace) -> Any:
+    from bench.replay import parse_policy
+
+    name = "proxy:" + ",".join(args.proxy_setting) if args.via_proxy else "direct"
+    try:
+        return parse_policy(name)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _command() -> str:
+    return "mellum-proxy bench " + shlex.join(sys.argv[2:])
+
+
+async def _context_limit(url: str) -> int | None:
+    """Context per request: llama.cpp /props (per slot), else vLLM's /v1/models max_model_len."""
+    async with aiohttp_session() as session:
+        for path in ("/props", "/v1/models"):
+            try:
+                async with session.get(url + path) as resp:
+                    body = await resp.json(content_type=None)
+            except Exception:  # any failure here means "not this server kind"
+                continue
+            if path == "/props" and isinstance(body, dict):
+                n_ctx = (body.get("default_generation_settings") or {}).get("n_ctx")
+                if isinstance(n_ctx, int):
+                    return n_ctx
+            if path == "/v1/models" and isinstance(body, dict):
+                for model in body.get("data") or []:
+                    if isinstance(model, dict) and isinstance(model.get("max_model_len"), int):
+                        return int(model["max_model_len"])
+    return None
+
+
+def aiohttp_session() -> Any:
+    import aiohttp
+
+    return aiohttp.ClientSession()
+
+
+def _ladder(args: argparse.Namespace) -> None:
+    try:
+        concurrencies = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        _fail(f"--concurrency takes comma-separated numbers, got '{args.concurrency}'")
+    asyncio.run(_run_ladder(args, concurrencies))
+
+
+async def _run_ladder(args: argparse.Namespace, concurrencies: list[int]) -> None:
+    import os
+
+    from bench import ladder
+    from bench.corpus import code_texts
+    from bench.replay import proxy_for
+    from proxy.budget.tokenizers import UpstreamTokenizer
+    from proxy.errors import UpstreamError
+    from proxy.telemetry import GpuSampler, NvmlBackend
+    from proxy.upstream import UpstreamClient
+
+    code = args.code.read_text() if args.code else "\n".join(code_texts() * 3)
+    async with upstream_for(args.upstream) as (url, described):
+        pid = args.upstream_pid or (os.getpid() if args.upstream == "embedded" else None)
+        limit = args.context_limit or await _context_limit(url)
+        names = {"short": 256, "mid": 1024, "long": (limit or 2048) - args.max_tokens - 16}
+        try:
+            contexts = [names[c] if c in names else int(c) for c in args.contexts.split(",")]
+        except ValueError:
+            _fail(f"--contexts takes numbers or short,mid,long, got '{args.contexts}'")
+        async with aiohttp_session() as session:
+            counter = UpstreamTokenizer(UpstreamClient(session, url))
+            try:
+                prompts = {n: await ladder.cut_to_tokens(code, n, counter) for n in contexts}
+            except (UpstreamError, ValueError) as exc:
+                _fail(f"cannot cut the prompts with the server's /tokenize: {exc}")
+        gpu = GpuSampler(lambda: NvmlBackend(args.gpu, pid))
+        gpu.open()
+        async with proxy_for(_settings_policy(args), url) as (target, _):
+            print(f"upstream: {described}; context limit {limit}; {'via proxy' if args.via_proxy else 'direct'}")
+            cells = await ladder.run_ladder(target + "/v1/completions", prompts, concurrencies, args.repeat,
+                                            args.max_tokens, gpu, pid, progress=print)  # fmt: skip
+        gpu.close()
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": _command(), "upstream": described, "context_limit": limit, "via_proxy": args.via_proxy,
+            "vram_source": gpu.source, "vram_reason": gpu.reason}  # fmt: skip
+    (args.out / "ladder.json").write_bytes(ladder.as_json(cells, meta))
+    text = f"`{_command()}`\n\n{ladder.table(cells)}\n"
+    (args.out / "ladder.md").write_text(text)
+    ladder.plot(cells, args.out / "ladder.png")
+    print(text)
+    print(f"wrote {args.out / 'ladder.json'}, {args.out / 'ladder.md'}, {args.out / 'ladder.png'}")
+
+
+def _quality(args: argparse.Namespace) -> None:
+    import orjson
+
+    from bench import quality
+
+    if args.compare:
+        try:
+            a, b = (orjson.loads(path.read_bytes()) for path in args.compare)
+        except (OSError, orjson.JSONDecodeError) as exc:
+            _fail(f"cannot read the runs to compare: {exc}")
+        result = quality.compare(a, b)
+        first, second = args.compare
+        print(
+            f"{result['common_tasks']} common tasks scored by {result['scored_by']}: {len(result['worse'])} worse, "
+            f"{len(result['better'])} better from {first} to {second}"
+        )
+        for task in result["worse"]:
+            print(f"  worse: {task}")
+        return
+    if not args.upstream:
+        _fail("--upstream is required (unless --compare)")
+    try:
+        problems = quality.load_problems()
+        quality.template_for(args.template)  # an unknown template name is one readable line
+    except (RuntimeError, ValueError) as exc:
+        _fail(str(exc))
+    tasks = quality.build_tasks(problems)[: args.limit]
+    asyncio.run(_run_quality(args, tasks, {p["task_id"]: p for p in problems}))
+
+
+async def _run_quality(args: argparse.Namespace, tasks: list[Any], problems: dict[str, Any]) -> None:
+    from bench import quality
+    from bench.replay import proxy_for
+
+    policy = _settings_policy(args)
+    if args.via_proxy and policy.settings is not None:
+        policy.settings.setdefault("fim_template", args.template)
+    async with upstream_for(args.upstream) as (url, described), proxy_for(policy, url) as (target, _):
+        bar = _progress_bar("quality", len(tasks))
+        results = await quality.run_quality(target + "/v1/completions", tasks, args.template, args.via_proxy,
+                                            execute=args.execute, problems=problems,
+                                            progress=(lambda n: bar(n, 0)) if bar else None)  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": _command(), "upstream": described, "template": args.template, "via_proxy": args.via_proxy,
+            "proxy_settings": policy.settings}  # fmt: skip
+    path = args.out / "quality.json"
+    path.write_bytes(quality.as_json(meta, results))
+    print(orjson_dumps(quality.summary(results)))
+    print(f"wrote {path}")
+
+
+def orjson_dumps(value: Any) -> str:
+    import orjson
+
+    return orjson.dumps(value).decode()

@@ -1,0 +1,112 @@
+"""The editor model's accounting on hand-made timelines, and policies compared on the simulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.editor import EditMark, RequestResult, account
+from bench.replay import parse_policy, run_policy, schedule
+from bench.trace import Edit, Open
+
+
+def marks(*times: float, file: str = "a") -> list[EditMark]:
+    return [EditMark(i, file, t) for i, t in enumerate(times)]
+
+
+def test_shown_only_before_the_next_edit_and_when_not_empty() -> None:
+    edits = marks(0, 100, 1000)  # a pause after edit 1 (900 ms) and after the last edit
+    results = [
+        RequestResult(0, "a", 0, done_ms=150, text="late"),  # arrives after edit 1: not shown
+        RequestResult(1, "a", 100, done_ms=400, text="x = 1"),  # shown, 300 ms into the pause
+        RequestResult(2, "a", 1000, done_ms=1100, text=""),  # empty: not shown
+    ]
+    acct = account(edits, results, pause_ms=300)
+    assert (acct.shown, acct.pauses, acct.covered) == (1, 2, 1)
+    assert acct.pause_coverage == 0.5 and acct.latencies_ms == [300]
+
+
+def test_cancelled_and_failed_requests_are_not_shown() -> None:
+    edits = marks(0, 1000)
+    results = [RequestResult(0, "a", 0, done_ms=50, text="x", cancelled=True), RequestResult(1, "a", 1000)]
+    acct = account(edits, results, pause_ms=300)
+    assert (acct.shown, acct.pauses, acct.covered) == (0, 2, 0)
+
+
+def test_edits_of_another_file_do_not_hide_a_completion() -> None:
+    edits = [EditMark(0, "a", 0), EditMark(1, "b", 50), EditMark(2, "a", 500)]
+    acct = account(edits, [RequestResult(0, "a", 0, done_ms=100, text="y")], pause_ms=300)
+    assert acct.shown == 1  # b's edit came first, but a's next edit only at 500 ms
+
+
+def test_schedule_shortens_long_gaps_only() -> None:
+    events = [Open(0, "a", ""), Edit(100, "a", 0, 0, "x"), Edit(60_000, "a", 1, 0, "y"), Edit(60_200, "a", 2, 0, "z")]
+    assert schedule(events, max_gap_ms=2000) == [0, 100, 2100, 2300]
+
+
+def test_policy_strings() -> None:
+    assert parse_policy("direct").settings is None
+    assert parse_policy("direct-nocancel:plugin_cancel=false").plugin_cancel is False
+    assert parse_policy("p:debounce_ms=100,max_inflight=2").settings == {"debounce_ms": "100", "max_inflight": "2"}
+    with pytest.raises(ValueError, match="unknown proxy setting"):
+        parse_policy("p:debounce=100")
+    with pytest.raises(ValueError, match="key=value"):
+        parse_policy("p:debounce_ms")
+
+
+def burst_trace() -> list[Any]:
+    """Three bursts of 8 keystrokes 40 ms apart, separated by 600 ms pauses."""
+    events: list[Any] = [Open(0, "app.py", "def main():\n    ")]
+    t, offset = 0, 16
+    for _ in range(3):
+        for _ in range(8):
+            t += 40
+            events.append(Edit(t, "app.py", offset, 0, "x"))
+            offset += 1
+        t += 600
+    return events
+
+
+@pytest.fixture
+async def sim_url(aiohttp_server: Any) -> str:
+    from bench.sim import PROFILES, SimServer
+
+    server = await aiohttp_server(SimServer(PROFILES["fast"]).app())
+    return str(server.make_url("")).rstrip("/")
+
+
+async def test_debounce_sends_fewer_requests_than_direct_on_the_simulator(sim_url: str) -> None:
+    events = burst_trace()
+    direct = await run_policy(parse_policy("direct"), events, sim_url, pause_ms=300)
+    debounced = await run_policy(
+        parse_policy("debounce:debounce_ms=150,tokenizer=chars"), events, sim_url, pause_ms=300
+    )
+    assert direct.edits == debounced.edits == 24
+    assert direct.upstream_requests == 24
+    assert debounced.upstream_requests <= 6  # about one per burst
+    assert debounced.pauses == direct.pauses == 3
+    assert debounced.pause_coverage == 1.0  # the request at each pause start survives the debounce
+    assert direct.upstream_completion_tokens is not None and debounced.upstream_completion_tokens is not None
+    assert debounced.upstream_completion_tokens < direct.upstream_completion_tokens
+
+
+async def test_sim_refuses_what_does_not_fit_its_kv_cache(aiohttp_client: Any) -> None:
+    from dataclasses import replace
+
+    from bench.sim import PROFILES, SimServer
+
+    client = await aiohttp_client(SimServer(replace(PROFILES["fast"], kv_tokens=50)).app())
+    resp = await client.post("/v1/completions", json={"prompt": "x" * 400, "max_tokens": 8})
+    assert resp.status == 503 and "out of memory" in (await resp.json())["error"]["message"]
+
+
+async def test_report_files(tmp_path: Path, sim_url: str) -> None:
+    from bench.report import write
+
+    result = await run_policy(parse_policy("direct"), burst_trace()[:5], sim_url)
+    paths = write([result], tmp_path, "mellum-proxy bench replay t --upstream sim", ["note"])
+    assert {p.name for p in paths} == {"results.json", "report.md", "latency_cdf.png", "inflight.png"}
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("`mellum-proxy bench replay t --upstream sim`") and "| direct |" in report

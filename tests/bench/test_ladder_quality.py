@@ -1,0 +1,129 @@
+"""Ladder prompt cutting (exact, real tokenizer), cell accounting with induced failures, quality tasks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from bench import ladder, quality
+from bench.corpus import code_texts
+from proxy.budget import HfTokenizer
+
+CODE = "\n".join(code_texts())
+
+
+@pytest.mark.parametrize("tokens", [64, 256, 1000, 1792])
+async def test_prompts_are_cut_to_exact_token_counts(bpe_tokenizer: Path, tokens: int) -> None:
+    counter = HfTokenizer(bpe_tokenizer)
+    text = CODE * 3
+    cut = await ladder.cut_to_tokens(text, tokens, counter)
+    assert text.startswith(cut)
+    assert await counter.count(cut) == tokens
+
+
+async def test_a_snippet_too_short_says_so(bpe_tokenizer: Path) -> None:
+    with pytest.raises(ValueError, match="only"):
+        await ladder.cut_to_tokens("x = 1\n", 500, HfTokenizer(bpe_tokenizer))
+
+
+def flaky_server(fail_every: int) -> web.Application:
+    """Streams 3 tokens; every `fail_every`-th request is refused as llama.cpp refuses an oversized one."""
+    count = {"n": 0}
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        count["n"] += 1
+        if count["n"] % fail_every == 0:
+            return web.json_response({"error": {"code": 503, "message": "CUDA error: out of memory"}}, status=503)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for piece in ("a", "b", "c"):
+            await response.write(b'data: {"choices":[{"text":"' + piece.encode() + b'"}]}\n\n')
+        usage = b'{"prompt_tokens": %d, "completion_tokens": 3}' % len(body["prompt"])
+        await response.write(b'data: {"choices":[{"text":"","finish_reason":"length"}],"usage":' + usage + b"}\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    return app
+
+
+async def test_cells_count_requests_tokens_and_failures_by_kind(aiohttp_server: Any) -> None:
+    server = await aiohttp_server(flaky_server(fail_every=3))
+    url = str(server.make_url("/v1/completions"))
+    cells = await ladder.run_ladder(url, {10: "x" * 10, 20: "y" * 20}, [1, 2], repeat=3, max_tokens=3)
+    assert [(c.context, c.concurrency) for c in cells] == [(10, 1), (10, 2), (20, 1), (20, 2)]  # one variable a row
+    summaries = [c.summary() for c in cells]
+    assert all(s["requests"] == 3 for s in summaries)
+    assert sum(sum(s["failures"].values()) for s in summaries) == 4  # 12 requests, every 3rd refused
+    assert all(kind == "out_of_memory (503)" for s in summaries for kind in s["failures"])
+    assert summaries[0]["prompt_tokens"] == [10] and summaries[2]["prompt_tokens"] == [20]
+    assert all(s["ttft_p50_ms"] is not None and s["ttft_p50_ms"] <= s["total_p50_ms"] for s in summaries)
+    assert summaries[0]["vram_peak_mib"] is None  # no GPU sampler: null, not zero
+    table = ladder.table(cells)
+    assert table.count("\n") == 5 and "out_of_memory (503) x1" in table
+
+
+async def test_refused_and_timed_out_requests_are_failures(unused_tcp_port: int) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        attempt = await ladder.one_request(session, f"http://127.0.0.1:{unused_tcp_port}/v1/completions", "x", 2, 5)
+    assert attempt.failure == "refused"
+
+
+def test_tasks_are_deterministic_single_lines() -> None:
+    problems = quality.load_problems()
+    assert (
+        len(problems) == 164 and problems[0]["task_id"] == "HumanEval/0" and problems[10]["task_id"] == "HumanEval/10"
+    )
+    tasks = quality.build_tasks(problems)
+    assert tasks == quality.build_tasks(quality.load_problems())
+    first = tasks[0]
+    problem = problems[0]
+    solution_lines = problem["canonical_solution"].split("\n")
+    assert first.id == "HumanEval/0/L0" and first.expected == solution_lines[0].strip()
+    assert first.prefix == problem["prompt"] + first.indent and first.suffix.startswith("\n")
+    assert first.prefix + first.expected + first.suffix == problem["prompt"] + problem["canonical_solution"]
+    assert all(t.expected and "\n" not in t.expected for t in tasks)
+    assert len(tasks) > 1000
+
+
+@pytest.mark.parametrize(
+    ("generated", "expected", "ok"),
+    [
+        ("  return x + 1", "return x + 1", True),
+        ("return x + 1\n    print(1)", "return x + 1", True),  # only the first line counts
+        ("return x+1", "return x + 1", False),
+        ("", "return x", False),
+        ("return x + 1  ", "return x + 1", True),
+    ],
+)
+def test_exact_match(generated: str, expected: str, ok: bool) -> None:
+    assert quality.exact_match(generated, expected) is ok
+
+
+def test_splice_and_execute_the_canonical_line() -> None:
+    problems = quality.load_problems()
+    task = quality.build_tasks(problems)[0]
+    assert quality._execute(problems[0], task, task.expected) is True
+    assert quality._execute(problems[0], task, "return None") is False
+
+
+def test_compare_lists_what_got_worse() -> None:
+    a = {"tasks": [{"id": "t1", "exact": True}, {"id": "t2", "exact": False}, {"id": "t3", "exact": True}]}
+    b = {"tasks": [{"id": "t1", "exact": False}, {"id": "t2", "exact": True}, {"id": "t3", "exact": True}]}
+    assert quality.compare(a, b) == {"scored_by": "exact", "common_tasks": 3, "worse": ["t1"], "better": ["t2"]}
+
+
+def test_request_bodies() -> None:
+    task = quality.build_tasks(quality.load_problems())[0]
+    direct = quality.request_body(task, "mellum", via_proxy=False, max_tokens=48)
+    assert direct["prompt"].startswith("<fim_suffix>") and direct["prompt"].endswith("<fim_middle>")
+    assert "suffix" not in direct and direct["stop"][0] == "\n"
+    proxied = quality.request_body(task, "mellum", via_proxy=True, max_tokens=48)
+    assert (proxied["prompt"], proxied["suffix"]) == (task.prefix, task.suffix)

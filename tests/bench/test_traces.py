@@ -1,0 +1,86 @@
+"""Trace format, converters (round-trip to the recorded end state) and the synthetic generator."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import statistics
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench.convert import from_josephg, from_progsnap2, from_recording
+from bench.corpus import code_files
+from bench.synth import synthesize
+from bench.trace import Edit, Open, Trace, TraceError, read_trace, replay_text, write_trace
+
+TRACES = Path(__file__).resolve().parents[2] / "bench" / "traces"
+
+
+@pytest.mark.parametrize("name", ["json-crdt-blog-post", "sveltecomponent"])
+def test_josephg_traces_round_trip_to_their_end_content(name: str, tmp_path: Path) -> None:
+    path = TRACES / f"{name}.json.gz"
+    trace = from_josephg(path)
+    end = orjson.loads(gzip.open(path).read())["endContent"]
+    assert list(replay_text(trace.events).values()) == [end]
+    assert trace.edits > 15_000 and trace.header["license"] == "CC BY 4.0"
+    write_trace(trace, tmp_path / "t.jsonl")  # and through the file format
+    assert list(replay_text(read_trace(tmp_path / "t.jsonl").events).values()) == [end]
+
+
+def test_progsnap2_csv(tmp_path: Path) -> None:
+    csv_file = tmp_path / "keys.csv"
+    csv_file.write_text(
+        "EventType,SourceLocation,InsertText,DeleteText,ClientTimestamp,CodeStateSection\n"
+        "File.Edit,0,def f,,2024-01-01T10:00:00.000Z,a.py\n"
+        "File.Edit,5,(x):,,2024-01-01T10:00:00.250Z,a.py\n"
+        "File.Edit,4,,f,2024-01-01T10:00:01.000Z,a.py\n"
+        "File.Edit,4,g,,2024-01-01T10:00:01.100Z,a.py\n"
+    )
+    trace = from_progsnap2(csv_file)
+    assert replay_text(trace.events) == {"a.py": "def g(x):"}
+    assert [e.t_ms for e in trace.events if isinstance(e, Edit)] == [0, 250, 1000, 1100]
+
+
+def test_recording_with_and_without_text(tmp_path: Path) -> None:
+    rec = tmp_path / "rec.jsonl"
+    rec.write_bytes(b"\n".join([
+        orjson.dumps({"t": 100.0, "session": "s", "file": "a.py", "prefix_chars": 3, "suffix_chars": 2}),
+        orjson.dumps({"t": 100.5, "session": "s", "file": "a.py", "prefix_chars": 4, "suffix_chars": 2,
+                      "prompt": "abcd", "suffix": "ef"}),
+    ]))  # fmt: skip
+    trace = from_recording(rec)
+    assert trace.events[0] == Open(0, "a.py", "xxxxx") and trace.events[1] == Edit(0, "a.py", 3, 0, "")
+    assert trace.events[2] == Open(500, "a.py", "abcdef") and trace.events[3].offset == 4  # type: ignore[union-attr]
+
+
+def test_bad_traces_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"t_ms": 10, "file": "a", "text": ""}\n{"t_ms": 5, "file": "a", "offset": 0, "insert": "x"}\n')
+    with pytest.raises(TraceError, match="backwards"):
+        read_trace(path)
+    path.write_text('{"t_ms": 0, "file": "a"}\n')
+    with pytest.raises(TraceError, match="not a trace event"):
+        read_trace(path)
+    with pytest.raises(TraceError, match="outside"):
+        replay_text([Open(0, "a", "xy"), Edit(1, "a", 5, 0, "z")])
+
+
+def test_synthetic_typing_matches_the_documented_distribution() -> None:
+    source = "".join(path.read_text() for path in code_files())
+    trace = synthesize(source, "corpus.txt", seed=7)
+    assert replay_text(trace.events) == {"corpus.txt": source}
+    times = [e.t_ms for e in trace.events if isinstance(e, Edit)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert 150 <= statistics.median(gaps) <= 250
+    assert 0.20 <= sum(g > 300 for g in gaps) / len(gaps) <= 0.55
+    assert 0.08 <= sum(g > 1000 for g in gaps) / len(gaps) <= 0.40
+    assert synthesize(source, "c", seed=7).events == synthesize(source, "c", seed=7).events  # seeded
+    assert any(isinstance(e, Edit) and len(e.insert) > 1 for e in trace.events)  # auto-indent inserts
+
+
+def test_trace_header_is_kept(tmp_path: Path) -> None:
+    trace = Trace([Open(0, "a", "x")], {"format": "mellum-trace/1", "source": "test", "license": "MIT"})
+    write_trace(trace, tmp_path / "t.jsonl")
+    assert read_trace(tmp_path / "t.jsonl").header["source"] == "test"
