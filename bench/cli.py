@@ -81,6 +81,15 @@ def add_commands(commands: Any) -> None:
     )
     quality.add_argument("--out", type=Path, default=Path("bench/out/quality"))
 
+    merged = sub.add_parser(
+        "report",
+        help="one report from the policies of several results.json files "
+        "(a later file's policy replaces a same-named one)",
+    )
+    merged.add_argument("results", nargs="+", type=Path)
+    merged.add_argument("--out", type=Path, required=True)
+    merged.add_argument("--only", help="comma-separated policy names to keep [default: all]")
+
     synth = sub.add_parser("synth", help="a seeded synthetic trace typing a source file")
     synth.add_argument("source", type=Path)
     synth.add_argument("--out", type=Path, required=True)
@@ -89,7 +98,8 @@ def add_commands(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    handlers = {"replay": _replay, "convert": _convert, "synth": _synth, "ladder": _ladder, "quality": _quality}
+    handlers = {"replay": _replay, "convert": _convert, "synth": _synth, "ladder": _ladder, "quality": _quality,
+                "report": _report}  # fmt: skip
     handlers[args.bench_command](args)
 
 
@@ -353,3 +363,24 @@ def orjson_dumps(value: Any) -> str:
     import orjson
 
     return orjson.dumps(value).decode()
+
+
+def _report(args: argparse.Namespace) -> None:
+    from bench import report
+
+    results, notes = [], []
+    try:
+        for path in args.results:
+            loaded, data = report.load(path)
+            if args.only:
+                loaded = [r for r in loaded if r.policy in args.only.split(",")]
+            replaced = {r.policy for r in loaded}  # a later file's policy replaces an earlier one of that name
+            results = [r for r in results if r.policy not in replaced] + loaded
+            notes.append(f"{', '.join(r.policy for r in loaded)} from `{data['command']}`")
+            notes += [
+                note for note in data.get("notes", []) if note not in notes and not note.startswith("policy order")
+            ]
+    except (OSError, KeyError, ValueError) as exc:
+        _fail(f"cannot read the results: {exc}")
+    for path in report.write(results, args.out, _command(), notes):
+        print(f"wrote {path}")

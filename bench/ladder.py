@@ -173,7 +173,9 @@ async def run_ladder(
 ) -> list[Cell]:
     """Every (context, concurrency) cell, contexts changing slowest: one variable changes per row."""
     cells = []
-    async with aiohttp.ClientSession() as session:
+    # A fresh connection per request: llama.cpp closes idle keep-alive connections, and a pooled one that
+    # it closed would be counted as a server failure.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
         for context, prompt in prompts.items():
             for concurrency in concurrencies:
                 cell = Cell(context, concurrency)

@@ -24,6 +24,7 @@ from bench.editor import EditMark, Plugin, account
 from bench.trace import Documents, Edit, Event
 from proxy.app import POLICIES, RECORDS, build_app
 from proxy.config import Settings
+from proxy.telemetry import RecentRecords
 
 PLUGIN_KEYS = {"plugin_cancel", "plugin_debounce_ms"}
 
@@ -84,6 +85,7 @@ async def proxy_for(policy: Policy, upstream: str) -> AsyncIterator[tuple[str, w
         return
     settings = Settings(upstream=upstream, **policy.settings)  # type: ignore[arg-type]
     app = build_app(settings)
+    app[RECORDS] = RecentRecords(size=1 << 20)  # every record of the replay, not only the last 256
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

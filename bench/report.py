@@ -91,3 +91,14 @@ def write(results: list[PolicyResult], out: Path, command: str, notes: list[str]
     (out / "results.json").write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
     (out / "report.md").write_text(markdown(results, command, notes))
     return [out / "results.json", out / "report.md", *plots(results, out)]
+
+
+def load(path: Path) -> tuple[list[PolicyResult], dict[str, Any]]:
+    """The policies of a `results.json` (with their series), and its command and notes."""
+    data = orjson.loads(path.read_bytes())
+    results = []
+    for summary in data["policies"]:
+        series = data["series"][summary["policy"]]
+        inflight = [tuple(point) for point in series["inflight"]]
+        results.append(PolicyResult(**summary, inflight_series=inflight, latencies_ms=series["latencies_ms"]))
+    return results, data

@@ -110,3 +110,19 @@ async def test_report_files(tmp_path: Path, sim_url: str) -> None:
     assert {p.name for p in paths} == {"results.json", "report.md", "latency_cdf.png", "inflight.png"}
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("`mellum-proxy bench replay t --upstream sim`") and "| direct |" in report
+
+
+async def test_reports_of_separate_runs_merge(tmp_path: Path, sim_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.report import load, write
+    from proxy.cli import main
+
+    first = await run_policy(parse_policy("direct"), burst_trace()[:5], sim_url)
+    second = await run_policy(parse_policy("proxied:debounce_ms=0,tokenizer=chars"), burst_trace()[:5], sim_url)
+    write([first], tmp_path / "a", "run a", [])
+    write([second], tmp_path / "b", "run b", [])
+    main(["bench", "report", str(tmp_path / "a" / "results.json"), str(tmp_path / "b" / "results.json"),
+          "--out", str(tmp_path / "merged")])  # fmt: skip
+    merged, data = load(tmp_path / "merged" / "results.json")
+    assert [r.policy for r in merged] == ["direct", "proxied"]
+    assert merged[1].upstream_requests == second.upstream_requests
+    assert any("from `run a`" in note for note in data["notes"])
