@@ -12,6 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+import aiohttp
+
 from bench.trace import Event, Trace, TraceError, limited, read_trace, write_trace
 
 
@@ -232,7 +234,7 @@ def _command() -> str:
 
 async def _context_limit(url: str) -> int | None:
     """Context per request: llama.cpp /props (per slot), else vLLM's /v1/models max_model_len."""
-    async with aiohttp_session() as session:
+    async with aiohttp.ClientSession() as session:
         for path in ("/props", "/v1/models"):
             try:
                 async with session.get(url + path) as resp:
@@ -248,12 +250,6 @@ async def _context_limit(url: str) -> int | None:
                     if isinstance(model, dict) and isinstance(model.get("max_model_len"), int):
                         return int(model["max_model_len"])
     return None
-
-
-def aiohttp_session() -> Any:
-    import aiohttp
-
-    return aiohttp.ClientSession()
 
 
 def _ladder(args: argparse.Namespace) -> None:
@@ -284,7 +280,7 @@ async def _run_ladder(args: argparse.Namespace, concurrencies: list[int]) -> Non
             contexts = [names[c] if c in names else int(c) for c in args.contexts.split(",")]
         except ValueError:
             _fail(f"--contexts takes numbers or short,mid,long, got '{args.contexts}'")
-        async with aiohttp_session() as session:
+        async with aiohttp.ClientSession() as session:
             counter = UpstreamTokenizer(UpstreamClient(session, url))
             try:
                 prompts = {n: await ladder.cut_to_tokens(code, n, counter) for n in contexts}

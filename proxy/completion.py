@@ -35,11 +35,6 @@ class Policies:
     timeout_ms: int = 0
     complete_in_comments: bool = True
 
-    @classmethod
-    def disabled(cls) -> Policies:
-        """No debounce, no cancellation limit worth mentioning, no deadline (transparent proxy)."""
-        return cls(Debouncer(0), Supersede(1 << 30), AdmissionQueue(1 << 30, 0))
-
 
 class CompletionService:
     """Serves completions against one upstream under the policies, and records each request."""

@@ -67,24 +67,21 @@ arrival = st.tuples(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    schedule=st.lists(arrival, min_size=1, max_size=14),
-    debounce_ms=st.sampled_from([0, 3, 10]),
-    max_inflight=st.integers(1, 2),
-    max_concurrency=st.integers(1, 3),
-    max_queue=st.integers(0, 3),
-    timeout_ms=st.sampled_from([0, 8, 40]),
+options = st.fixed_dictionaries(
+    {
+        "debounce_ms": st.sampled_from([0, 3, 10]),
+        "max_inflight": st.integers(1, 2),
+        "max_concurrency": st.integers(1, 3),
+        "max_queue": st.integers(0, 3),
+        "timeout_ms": st.sampled_from([0, 8, 40]),
+    }
 )
-def test_policy_invariants(
-    schedule: list[tuple[int, str, int | None, int]],
-    debounce_ms: int,
-    max_inflight: int,
-    max_concurrency: int,
-    max_queue: int,
-    timeout_ms: int,
-) -> None:
-    asyncio.run(_run(schedule, debounce_ms, max_inflight, max_concurrency, max_queue, timeout_ms))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedule=st.lists(arrival, min_size=1, max_size=14), options=options)
+def test_policy_invariants(schedule: list[tuple[int, str, int | None, int]], options: dict[str, int]) -> None:
+    asyncio.run(_run(schedule, **options))
 
 
 async def _run(
