@@ -26,9 +26,9 @@ import orjson
 from bench.corpus import code_texts, train_bpe
 from proxy.budget import BUILTIN, BudgetSettings, CharsEstimator, ContextBudget, HfTokenizer, UpstreamTokenizer
 from proxy.budget.tokenizers import TokenCounter
-from proxy.embedded import EmbeddedServer
 from proxy.models import NormalizedRequest
 from proxy.upstream import UpstreamClient
+from proxy.upstream.embedded import EmbeddedServer
 
 CODE = "\n".join(code_texts())
 

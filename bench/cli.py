@@ -10,11 +10,13 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import aiohttp
 
 from bench.trace import Event, Trace, TraceError, limited, read_trace, write_trace
+from proxy.config import upstream_base_url
+from proxy.console import Parser, fail
 
 
 def load_trace(path: Path) -> Trace:
@@ -26,14 +28,9 @@ def load_trace(path: Path) -> Trace:
     return read_trace(path)
 
 
-def _fail(message: str) -> NoReturn:
-    print(f"mellum-proxy: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def add_commands(commands: Any) -> None:
-    bench = commands.add_parser("bench", help="replay keystroke traces through the proxy and compare policies")
-    sub = bench.add_subparsers(dest="bench_command", required=True, parser_class=type(bench))
+def build_parser() -> Parser:
+    bench = Parser(prog="mellum-proxy bench", description="replay keystroke traces through the proxy, compare policies")
+    sub = bench.add_subparsers(dest="bench_command", required=True, parser_class=Parser)
     replay = sub.add_parser("replay", help="replay traces under several policies against one upstream")
     replay.add_argument("traces", nargs="+", type=Path)
     replay.add_argument("--upstream", required=True, help="URL, 'embedded', or 'sim[:PROFILE]' (embedded-cpu, fast)")
@@ -97,6 +94,12 @@ def add_commands(commands: Any) -> None:
     synth.add_argument("--out", type=Path, required=True)
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--limit-chars", type=int)
+    return bench
+
+
+def main(argv: list[str]) -> None:
+    """`mellum-proxy bench ...` (the proxy's CLI hands over everything after `bench`)."""
+    run(build_parser().parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -116,7 +119,7 @@ def _convert(args: argparse.Namespace) -> None:
     try:
         trace = readers[args.kind](args.source)
     except (OSError, TraceError, KeyError, ValueError) as exc:
-        _fail(f"cannot convert {args.source}: {exc}")
+        fail(f"cannot convert {args.source}: {exc}")
     write_trace(trace, args.out)
     print(f"wrote {args.out}: {trace.edits} edits")
 
@@ -127,7 +130,7 @@ def _synth(args: argparse.Namespace) -> None:
     try:
         trace = synthesize_file(args.source, args.seed, args.limit_chars)
     except OSError as exc:
-        _fail(f"cannot read {args.source}: {exc.strerror}")
+        fail(f"cannot read {args.source}: {exc.strerror}")
     write_trace(trace, args.out)
     print(f"wrote {args.out}: {trace.edits} edits")
 
@@ -136,7 +139,7 @@ def _synth(args: argparse.Namespace) -> None:
 async def upstream_for(spec: str) -> AsyncIterator[tuple[str, str]]:
     """(URL, description) of the upstream: a URL, the embedded llama.cpp server, or the simulator."""
     if spec == "embedded":
-        from proxy.embedded import EmbeddedServer
+        from proxy.upstream.embedded import EmbeddedServer
 
         server = EmbeddedServer(ctx_tokens=4096, slots=2)
         url = await asyncio.to_thread(server.start)
@@ -145,22 +148,14 @@ async def upstream_for(spec: str) -> AsyncIterator[tuple[str, str]]:
         finally:
             await asyncio.to_thread(server.stop)
     elif spec.startswith("sim"):
-        from aiohttp import web
-
         from bench.sim import SimServer, profile
+        from proxy.http import serve_app
 
         chosen = profile(spec.partition(":")[2] or "embedded-cpu")
-        runner = web.AppRunner(SimServer(chosen).app(), handler_cancellation=True, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        try:
-            yield f"http://{host}:{port}", f"sim:{chosen.name} ({chosen.source})"
-        finally:
-            await runner.cleanup()
+        async with serve_app(SimServer(chosen).app()) as url:
+            yield url, f"sim:{chosen.name} ({chosen.source})"
     else:
-        yield spec.rstrip("/").removesuffix("/v1"), spec
+        yield upstream_base_url(spec), spec
 
 
 def _replay(args: argparse.Namespace) -> None:
@@ -173,7 +168,7 @@ def _replay(args: argparse.Namespace) -> None:
             offset = events[-1].t_ms + 2000 if events else 0
             events += [replace(e, t_ms=e.t_ms + offset) for e in limited(load_trace(path), args.limit_events)]
     except (OSError, TraceError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     command = "mellum-proxy bench " + shlex.join(sys.argv[2:]) if len(sys.argv) > 2 else "mellum-proxy bench replay"
     asyncio.run(_run_all(args, policies, events, command))
 
@@ -225,7 +220,7 @@ def _settings_policy(args: argparse.Namespace) -> Any:
     try:
         return parse_policy(name)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _command() -> str:
@@ -256,7 +251,7 @@ def _ladder(args: argparse.Namespace) -> None:
     try:
         concurrencies = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
-        _fail(f"--concurrency takes comma-separated numbers, got '{args.concurrency}'")
+        fail(f"--concurrency takes comma-separated numbers, got '{args.concurrency}'")
     asyncio.run(_run_ladder(args, concurrencies))
 
 
@@ -279,13 +274,13 @@ async def _run_ladder(args: argparse.Namespace, concurrencies: list[int]) -> Non
         try:
             contexts = [names[c] if c in names else int(c) for c in args.contexts.split(",")]
         except ValueError:
-            _fail(f"--contexts takes numbers or short,mid,long, got '{args.contexts}'")
+            fail(f"--contexts takes numbers or short,mid,long, got '{args.contexts}'")
         async with aiohttp.ClientSession() as session:
             counter = UpstreamTokenizer(UpstreamClient(session, url))
             try:
                 prompts = {n: await ladder.cut_to_tokens(code, n, counter) for n in contexts}
             except (UpstreamError, ValueError) as exc:
-                _fail(f"cannot cut the prompts with the server's /tokenize: {exc}")
+                fail(f"cannot cut the prompts with the server's /tokenize: {exc}")
         gpu = GpuSampler(lambda: NvmlBackend(args.gpu, pid))
         gpu.open()
         async with proxy_for(_settings_policy(args), url) as (target, _):
@@ -313,7 +308,7 @@ def _quality(args: argparse.Namespace) -> None:
         try:
             a, b = (orjson.loads(path.read_bytes()) for path in args.compare)
         except (OSError, orjson.JSONDecodeError) as exc:
-            _fail(f"cannot read the runs to compare: {exc}")
+            fail(f"cannot read the runs to compare: {exc}")
         result = quality.compare(a, b)
         first, second = args.compare
         print(
@@ -324,12 +319,12 @@ def _quality(args: argparse.Namespace) -> None:
             print(f"  worse: {task}")
         return
     if not args.upstream:
-        _fail("--upstream is required (unless --compare)")
+        fail("--upstream is required (unless --compare)")
     try:
         problems = quality.load_problems()
         quality.template_for(args.template)  # an unknown template name is one readable line
     except (RuntimeError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     tasks = quality.build_tasks(problems)[: args.limit]
     asyncio.run(_run_quality(args, tasks, {p["task_id"]: p for p in problems}))
 
@@ -377,6 +372,6 @@ def _report(args: argparse.Namespace) -> None:
                 note for note in data.get("notes", []) if note not in notes and not note.startswith("policy order")
             ]
     except (OSError, KeyError, ValueError) as exc:
-        _fail(f"cannot read the results: {exc}")
+        fail(f"cannot read the results: {exc}")
     for path in report.write(results, args.out, _command(), notes):
         print(f"wrote {path}")

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from proxy.budget.templates import MELLUM, FimParts
-from proxy.stats import percentile
+from proxy.telemetry.stats import percentile
 
 
 @dataclass(slots=True)

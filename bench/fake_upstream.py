@@ -12,8 +12,9 @@ import asyncio
 import time
 from typing import Any
 
-import orjson
 from aiohttp import web
+
+from proxy.dialects.openai import DONE, sse, text_completion
 
 
 class FakeUpstream:
@@ -92,32 +93,14 @@ class FakeUpstream:
             piece = f"t{i} "
             text += piece
             if response is not None:
-                await response.write(_event(ident, created, piece, None))
+                await response.write(sse(text_completion(ident, created, "fake", piece, None)))
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
         usage = {"prompt_tokens": len(str(payload.get("prompt", ""))) // 4, "completion_tokens": n}
         self.completed += 1
         if response is None:
-            body = _body(ident, created, text, "length", usage)
-            return web.json_response(body)
-        await response.write(_event(ident, created, "", "length", usage))
-        await response.write(b"data: [DONE]\n\n")
+            return web.json_response(text_completion(ident, created, "fake", text, "length", usage))
+        await response.write(sse(text_completion(ident, created, "fake", "", "length", usage)))
+        await response.write(DONE)
         await response.write_eof()
         return response
-
-
-def _event(ident: str, created: int, text: str, finish: str | None, usage: dict[str, Any] | None = None) -> bytes:
-    return b"data: " + orjson.dumps(_body(ident, created, text, finish, usage)) + b"\n\n"
-
-
-def _body(ident: str, created: int, text: str, finish: str | None, usage: dict[str, Any] | None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": ident,
-        "object": "text_completion",
-        "created": created,
-        "model": "fake",
-        "choices": [{"text": text, "index": 0, "finish_reason": finish}],
-    }
-    if usage is not None:
-        body["usage"] = usage
-    return body

@@ -10,7 +10,7 @@ import os
 import sys
 from datetime import UTC, datetime
 
-from proxy.probe import probe
+from proxy.planner.probe import probe
 from proxy.telemetry import GpuSampler, GpuUnavailableError, NvmlBackend
 
 ALLOC_MIB = 1024

@@ -21,9 +21,9 @@ import aiohttp
 import orjson
 
 from proxy.budget.tokenizers import TokenCounter
-from proxy.probe import host_rss_mib
-from proxy.stats import percentile
+from proxy.planner.probe import host_rss_mib
 from proxy.telemetry import GpuSampler
+from proxy.telemetry.stats import percentile
 
 OOM_MARKERS = ("out of memory", "exceeds the available context", "exceed_context_size", "kv cache", "cuda error")
 

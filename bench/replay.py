@@ -22,8 +22,8 @@ from aiohttp import web
 
 from bench.editor import EditMark, Plugin, account
 from bench.trace import Documents, Edit, Event
-from proxy.app import POLICIES, RECORDS, build_app
 from proxy.config import Settings
+from proxy.http import POLICIES, RECORDS, build_app, serve_app
 from proxy.telemetry import RecentRecords
 
 PLUGIN_KEYS = {"plugin_cancel", "plugin_debounce_ms"}
@@ -86,15 +86,8 @@ async def proxy_for(policy: Policy, upstream: str) -> AsyncIterator[tuple[str, w
     settings = Settings(upstream=upstream, **policy.settings)  # type: ignore[arg-type]
     app = build_app(settings)
     app[RECORDS] = RecentRecords(size=1 << 20)  # every record of the replay, not only the last 256
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}", app
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url, app
 
 
 def schedule(events: list[Event], max_gap_ms: float) -> list[float]:

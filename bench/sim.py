@@ -16,10 +16,10 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
 from aiohttp import web
+
+from proxy.dialects.openai import DONE, sse, text_completion
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,30 +160,13 @@ class SimServer:
             piece = " tok" if i else "tok"
             text += piece
             if response is not None:
-                await response.write(_sse(ident, created, piece, None))
+                await response.write(sse(text_completion(ident, created, "sim", piece, None)))
         finish = "length" if count == max_tokens else "stop"
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count, "total_tokens": prompt_tokens + count,
                  "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
         if response is None:
-            return web.json_response(
-                {
-                    "id": ident,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": "sim",
-                    "choices": [{"text": text, "index": 0, "finish_reason": finish}],
-                    "usage": usage,
-                }
-            )
-        await response.write(_sse(ident, created, "", finish, usage))
-        await response.write(b"data: [DONE]\n\n")
+            return web.json_response(text_completion(ident, created, "sim", text, finish, usage))
+        await response.write(sse(text_completion(ident, created, "sim", "", finish, usage)))
+        await response.write(DONE)
         await response.write_eof()
         return response
-
-
-def _sse(ident: str, created: int, text: str, finish: str | None, usage: dict[str, Any] | None = None) -> bytes:
-    body: dict[str, Any] = {"id": ident, "object": "text_completion", "created": created, "model": "sim",
-                            "choices": [{"text": text, "index": 0, "finish_reason": finish}]}  # fmt: skip
-    if usage is not None:
-        body["usage"] = usage
-    return b"data: " + orjson.dumps(body) + b"\n\n"

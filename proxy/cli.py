@@ -10,19 +10,13 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any
 
 import orjson
 
 from proxy import __version__
 from proxy.config import Settings, SettingsError, load_settings
-
-
-class _Parser(argparse.ArgumentParser):
-    """Errors are one readable line and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message}\n")
+from proxy.console import Parser, fail
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -43,9 +37,9 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mellum-proxy", description="A completion proxy in front of a local model server.")
+    parser = Parser(prog="mellum-proxy", description="A completion proxy in front of a local model server.")
     parser.add_argument("--version", action="version", version=f"mellum-proxy {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     serve = commands.add_parser("serve", help="run the proxy in the foreground")
     serve.add_argument(
         "--config",
@@ -74,19 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--model", type=Path, help="GGUF for --upstream embedded [default: packaged gemma-3-270m]")
     base.add_argument("--out", type=Path, default=Path("baseline.json"), help="JSON output [default: baseline.json]")
 
-    from bench import cli as bench_cli
     from proxy.editor import cli as editor_cli
     from proxy.planner import cli as planner_cli
 
     planner_cli.add_commands(commands)
     editor_cli.add_commands(commands)
-    bench_cli.add_commands(commands)
+    # The bench (plots, traces, HumanEval) loads only when asked for: `main` hands it the rest.
+    bench = commands.add_parser("bench", help="replay keystroke traces, stress runs, quality set (see bench --help)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
-
-
-def _fail(message: str) -> NoReturn:
-    print(f"mellum-proxy: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -94,23 +84,23 @@ def _serve(args: argparse.Namespace) -> None:
     try:
         settings = load_settings(cli_values, args.config)
     except SettingsError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from proxy.server import serve
+    from proxy.http.server import serve
 
     try:
         asyncio.run(serve(settings))
     except (OSError, RuntimeError) as exc:  # port in use, model missing, embedded extra absent
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _stats(args: argparse.Namespace) -> None:
-    from proxy.stats import read_log, render_table, stats
+    from proxy.telemetry.stats import read_log, render_table, stats
 
     try:
         records, malformed = read_log(args.log)
     except OSError as exc:
-        _fail(f"cannot read {args.log}: {exc.strerror}")
+        fail(f"cannot read {args.log}: {exc.strerror}")
     result = stats(records, malformed, args.by)
     if args.json:
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
@@ -119,11 +109,11 @@ def _stats(args: argparse.Namespace) -> None:
 
 
 def _probe(args: argparse.Namespace) -> None:
-    from proxy.probe import probe
+    from proxy.planner.probe import probe
     from proxy.telemetry import GpuUnavailableError
 
     if args.interval_ms < 10:
-        _fail("--interval-ms must be at least 10")
+        fail("--interval-ms must be at least 10")
     try:
         with contextlib.ExitStack() as files:
             out: IO[str] = sys.stdout
@@ -131,21 +121,21 @@ def _probe(args: argparse.Namespace) -> None:
                 out = _Tee(sys.stdout, files.enter_context(args.out.open("w", newline="")))
             summary = probe(args.gpu, args.interval_ms, out, args.count)
     except GpuUnavailableError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except OSError as exc:
-        _fail(f"cannot write {args.out}: {exc.strerror}")
+        fail(f"cannot write {args.out}: {exc.strerror}")
     if summary["samples"]:
         print(f"samples={summary['samples']} min={summary['min_mib']:.0f} MiB max={summary['max_mib']:.0f} MiB "
               f"peak at {summary['peak_at']}", file=sys.stderr)  # fmt: skip
 
 
 def _baseline(args: argparse.Namespace) -> None:
-    from proxy.probe import baseline
+    from proxy.planner.probe import baseline
 
     try:
         book = asyncio.run(baseline(args.upstream, args.idle_s, args.gpu, args.upstream_pid, args.model))
     except (OSError, RuntimeError, TimeoutError) as exc:
-        _fail(f"baseline failed: {exc or 'the server did not become healthy in time'}")
+        fail(f"baseline failed: {exc or 'the server did not become healthy in time'}")
     print(book.table())
     args.out.write_bytes(book.as_json())
     print(f"saved {args.out}")
@@ -174,7 +164,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     from proxy.editor.cli import HANDLERS as EDITOR
     from proxy.planner.cli import HANDLERS as PLANNER
 
-    args = build_parser().parse_args(argv)
-    from bench.cli import run as bench
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from bench.cli import main as bench
 
-    {**_COMMANDS, **PLANNER, **EDITOR, "bench": bench}[args.command](args)
+        bench(argv[1:])
+        return
+    args = build_parser().parse_args(argv)
+    {**_COMMANDS, **PLANNER, **EDITOR}[args.command](args)

@@ -30,6 +30,11 @@ class SettingsError(ValueError):
     """A setting is invalid or unknown; the message is one readable line that names it."""
 
 
+def upstream_base_url(url: str) -> str:
+    """A server's base URL as the proxy uses it: no trailing slash, and no trailing `/v1`."""
+    return url.strip().rstrip("/").removesuffix("/v1")
+
+
 class Settings(BaseSettings):
     """Everything `mellum-proxy serve` can be told. Units are in the names."""
 
@@ -107,10 +112,9 @@ class Settings(BaseSettings):
     @field_validator("upstream")
     @classmethod
     def _normalize_upstream(cls, value: str) -> str:
-        url = value.strip().rstrip("/")
-        if not url.startswith(("http://", "https://")):
+        if not value.strip().startswith(("http://", "https://")):
             raise ValueError("expected an http:// or https:// URL")
-        return url.removesuffix("/v1")
+        return upstream_base_url(value)
 
     @property
     def listen_host(self) -> str:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from proxy.errors import ProxyError
 
 
 class Outcome(enum.StrEnum):
@@ -43,6 +46,7 @@ class NormalizedRequest:
         language: the editor's language id when the dialect carries one.
         context_files: other files' text the plugin sent along, as (path, text), nearest last.
         context_tokens: the client's own context limit (Ollama `num_ctx`), when it gave one.
+        response_fields: the answer fields the client asked for (llama.cpp `response_fields`), if any.
     """
 
     id: str
@@ -57,6 +61,7 @@ class NormalizedRequest:
     language: str | None = None
     context_files: tuple[tuple[str, str], ...] = ()
     context_tokens: int | None = None
+    response_fields: tuple[str, ...] | None = None
 
     @property
     def warm_up(self) -> bool:
@@ -103,3 +108,31 @@ class Completion:
             self.timings = chunk.timings
         self.model = self.model or chunk.model or ""
         self.created = self.created or chunk.created or 0
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetedPrompt:
+    """A request fitted to the context budget: `prompt` (and `suffix` only for template `none`)."""
+
+    prompt: str
+    suffix: str | None
+    max_tokens: int
+    stops: tuple[str, ...]
+    tokens_before: int
+    tokens_after: int
+    truncated: bool
+    method: str
+
+
+class Answer(Protocol):
+    """Where the completion service sends one request's answer; the HTTP edge implements it.
+
+    The service calls `send` for each upstream chunk as it arrives, then exactly one of `finish`
+    (with the outcome) or `fail` (with the error).
+    """
+
+    async def send(self, completion: Completion, chunk: Chunk) -> None: ...
+
+    async def finish(self, completion: Completion, outcome: Outcome) -> None: ...
+
+    async def fail(self, error: ProxyError) -> None: ...

@@ -12,9 +12,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from bench.corpus import CODE_DIR, code_texts, train_bpe
-from proxy.app import GPU_OPENER, build_app
 from proxy.config import Settings
-from proxy.embedded import EmbeddedServer
+from proxy.http import GPU_OPENER, build_app
+from proxy.upstream.embedded import EmbeddedServer
 
 ProxyFactory = Callable[..., Awaitable[TestClient[Any, web.Application]]]
 

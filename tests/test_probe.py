@@ -7,7 +7,7 @@ import io
 import pytest
 
 from proxy.cli import main
-from proxy.probe import PROBE_HEADER, probe
+from proxy.planner.probe import PROBE_HEADER, probe
 from tests.conftest import FakeGpu
 
 

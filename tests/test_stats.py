@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from proxy.cli import main
-from proxy.stats import percentile, read_log, stats
+from proxy.telemetry.stats import percentile, read_log, stats
 
 
 def write_log(path: Path) -> Path:

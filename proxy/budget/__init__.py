@@ -1,20 +1,20 @@
 """The context budget: token counting, FIM templates, truncation near the cursor, comment detection."""
 
 from proxy.budget.comments import cursor_in_comment_or_string
-from proxy.budget.context import BudgetedPrompt, BudgetSettings, ContextBudget
+from proxy.budget.context import BudgetSettings, ContextBudget
 from proxy.budget.templates import BUILTIN, FimParts, FimTemplate, parse_any, template_for
-from proxy.budget.tokenizers import CharsEstimator, HfTokenizer, TokenCounter, UpstreamTokenizer
+from proxy.budget.tokenizers import CharsEstimator, HfTokenizer, TokenCounter, Tokenize, UpstreamTokenizer
 
 __all__ = [
     "BUILTIN",
     "BudgetSettings",
-    "BudgetedPrompt",
     "CharsEstimator",
     "ContextBudget",
     "FimParts",
     "FimTemplate",
     "HfTokenizer",
     "TokenCounter",
+    "Tokenize",
     "UpstreamTokenizer",
     "cursor_in_comment_or_string",
     "parse_any",

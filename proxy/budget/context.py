@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from proxy.budget.templates import FimParts, FimTemplate, parse_any
 from proxy.budget.tokenizers import CharsEstimator, TokenCounter
 from proxy.errors import UpstreamError
-from proxy.models import NormalizedRequest
+from proxy.models import BudgetedPrompt, NormalizedRequest
 
 log = logging.getLogger("mellum_proxy.budget")
 
@@ -33,20 +33,6 @@ class BudgetSettings:
     prefix_ratio: float = 0.75
     step_lines: int = 16
     template: FimTemplate | None = None  # None: send prompt and suffix as fields ("none")
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetedPrompt:
-    """What goes to the upstream: `prompt` (and `suffix` only for template `none`)."""
-
-    prompt: str
-    suffix: str | None
-    max_tokens: int
-    stops: tuple[str, ...]
-    tokens_before: int
-    tokens_after: int
-    truncated: bool
-    method: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,15 @@ import bisect
 import math
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from proxy.errors import UpstreamProtocolError
 
-if TYPE_CHECKING:  # the upstream package uses the budget's types; import it only for annotations
-    from proxy.upstream import UpstreamClient
+
+class Tokenize(Protocol):
+    """The one thing the budget needs from a model server: its `/tokenize` (llama.cpp's body)."""
+
+    async def tokenize(self, body: dict[str, Any]) -> Any: ...
 
 
 class TokenCounter(Protocol):
@@ -63,16 +66,16 @@ class UpstreamTokenizer:
     method = "upstream"
     exact = True
 
-    def __init__(self, upstream: UpstreamClient) -> None:
-        self.upstream = upstream
+    def __init__(self, server: Tokenize) -> None:
+        self.server = server
 
     async def offsets(self, text: str) -> list[int]:
-        body = await self.upstream.post_json("/tokenize", {"content": text, "with_pieces": True})
+        body = await self.server.tokenize({"content": text, "with_pieces": True})
         pieces = [token.get("piece") for token in _tokens(body)]
         return _char_offsets(text, [len(p.encode()) if isinstance(p, str) else len(p or []) for p in pieces])
 
     async def count(self, prompt: str) -> int:
-        body = await self.upstream.post_json("/tokenize", {"content": prompt, "add_special": True})
+        body = await self.server.tokenize({"content": prompt, "add_special": True})
         return len(_tokens(body))
 
     def observe(self, prompt: str, prompt_tokens: int) -> None:

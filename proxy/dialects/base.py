@@ -1,34 +1,69 @@
-"""The contract between the completion service and a dialect's response shape, and shared helpers.
+"""What every dialect is made of, and the helpers they share.
 
-The service calls `send_chunk` for each upstream chunk as it arrives, then exactly one of `finish`
-(with the outcome) or `fail` (with an error). `StreamWriter` implements that lifecycle once: a
-streaming answer sends its headers with the first event, so an outcome decided before any token
-(debounced, queue full, ...) still reaches the `X-Mellum-Outcome` header; a dialect only says how
-its events, its final event and its whole-body answer look.
+A `Dialect` owns its wire format end to end: the parsers of its completion routes (body ->
+`NormalizedRequest`), its `Encoder` (completion -> the bytes the client reads), its error shape,
+and the discovery calls its plugins make first. The HTTP edge (`proxy.http`) generates the routes
+from the registry in `proxy.dialects`; nothing here knows about HTTP servers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from aiohttp import web
 
 from proxy.errors import InvalidRequestError, ProxyError
 from proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 
 OUTCOME_HEADER = "X-Mellum-Outcome"
 
-
-class ResponseWriter(Protocol):
-    async def send_chunk(self, completion: Completion, chunk: Chunk) -> None: ...
-
-    async def finish(self, completion: Completion, outcome: Outcome) -> web.StreamResponse: ...
-
-    async def fail(self, error: ProxyError) -> web.StreamResponse: ...
+Parser = Callable[[Any, Mapping[str, str], str], NormalizedRequest]
 
 
-def error_body(error: ProxyError) -> dict[str, Any]:
+def session_key(headers: Mapping[str, str], user: str | None = None) -> str:
+    """`X-Session-Id`, else the body's `user`, else `default`."""
+    return headers.get("X-Session-Id") or user or "default"
+
+
+class Discovery(Protocol):
+    """What discovery answers may ask of the proxy: the upstream's models and the budget."""
+
+    max_context_tokens: int
+
+    async def model_ids(self) -> list[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRoute:
+    """`POST path` parsed by `parse`; `name` is the record's `dialect` field."""
+
+    path: str
+    name: str
+    parse: Parser
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryRoute:
+    """A call plugins make before completing (model lists, versions), answered as JSON by the proxy."""
+
+    method: str
+    path: str
+    answer: Callable[[Discovery, Any], Awaitable[Any]]  # (discovery, parsed body or None) -> JSON
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    name: str
+    completions: tuple[CompletionRoute, ...]
+    encoder: Callable[[NormalizedRequest], Encoder]
+    error_body: Callable[[ProxyError], Any]
+    discovery: tuple[DiscoveryRoute, ...] = ()
+    passthrough: tuple[tuple[str, str], ...] = ()  # (method, path) forwarded to the upstream unchanged
+
+
+def openai_error(error: ProxyError) -> dict[str, Any]:
     """The OpenAI error shape, used by every endpoint that has no shape of its own."""
     return {"error": {"message": error.message, "type": error.type}}
 
@@ -38,18 +73,18 @@ def finish_reason(completion: Completion, outcome: Outcome) -> str:
     return completion.finish_reason or ("length" if outcome is Outcome.TIMEOUT else "stop")
 
 
-class StreamWriter:
-    """One answer in a dialect's shape: events while streaming, or one JSON body at the end."""
+class Encoder:
+    """One answer in a dialect's shape: events while streaming, or one JSON body at the end.
+
+    A dialect defines `partial` and `final` (and its framing); the rest is derived.
+    """
 
     content_type = "text/event-stream"
+    end_of_stream = b"data: [DONE]\n\n"
 
-    def __init__(self, http_request: web.Request, request: NormalizedRequest, body: Any = None) -> None:
-        """`body` is the client's parsed JSON, for dialects whose answer depends on it."""
-        self.http_request = http_request
+    def __init__(self, request: NormalizedRequest) -> None:
         self.request = request
-        self.response: web.StreamResponse | None = None
 
-    # --- what a dialect defines -----------------------------------------------------------
     def partial(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
         """A streamed piece that does not end the answer."""
         raise NotImplementedError
@@ -58,71 +93,30 @@ class StreamWriter:
         """The piece that ends the answer with `text`; with the whole text, also the non-streamed body."""
         raise NotImplementedError
 
-    # --- derived from those -----------------------------------------------------------------
-    def event(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
-        if chunk.finish_reason is not None:
-            return self.final(completion, Outcome.OK, chunk.text)
-        return self.partial(completion, chunk)
+    def stream_error(self, error: ProxyError) -> Any:
+        """The event that reports an error once the stream has started (its status is already sent)."""
+        return openai_error(error)
 
-    def last_event(self, completion: Completion, outcome: Outcome) -> dict[str, Any] | None:
-        """The closing event when the answer ended early (the upstream sent no final chunk)."""
-        return self.final(completion, outcome, "")
-
-    def body(self, completion: Completion, outcome: Outcome) -> dict[str, Any]:
-        return self.final(completion, outcome, completion.text)
-
-    @classmethod
-    def error(cls, error: ProxyError) -> dict[str, Any]:
-        return error_body(error)
-
-    def frame(self, payload: dict[str, Any]) -> bytes:
+    def frame(self, payload: Any) -> bytes:
         return b"data: " + orjson.dumps(payload) + b"\n\n"
 
-    end_of_stream = b"data: [DONE]\n\n"
+    def event(self, completion: Completion, chunk: Chunk) -> bytes:
+        if chunk.finish_reason is not None:
+            return self.frame(self.final(completion, Outcome.OK, chunk.text))
+        return self.frame(self.partial(completion, chunk))
 
-    # --- the lifecycle ----------------------------------------------------------------------
-    async def _start(self, outcome: Outcome | None) -> web.StreamResponse:
-        if self.response is None:
-            response = web.StreamResponse(headers={"Content-Type": self.content_type, "Cache-Control": "no-cache"})
-            if outcome is not None:
-                response.headers[OUTCOME_HEADER] = outcome.value
-            await response.prepare(self.http_request)
-            self.response = response
-        return self.response
+    def closing(self, completion: Completion, outcome: Outcome) -> bytes:
+        """What ends a started stream: the final event when the upstream sent none, then the end marker."""
+        last = b"" if completion.finish_reason is not None else self.frame(self.final(completion, outcome, ""))
+        return last + self.end_of_stream
 
-    async def send_chunk(self, completion: Completion, chunk: Chunk) -> None:
-        if self.request.stream:
-            response = await self._start(None)
-            await response.write(self.frame(self.event(completion, chunk)))
+    def failing(self, error: ProxyError) -> bytes:
+        """What ends a started stream that failed."""
+        return self.frame(self.stream_error(error)) + self.end_of_stream
 
-    async def finish(self, completion: Completion, outcome: Outcome) -> web.StreamResponse:
-        if not self.request.stream:
-            return web.Response(
-                body=orjson.dumps(self.body(completion, outcome)),
-                content_type="application/json",
-                headers={OUTCOME_HEADER: outcome.value},
-            )
-        response = await self._start(outcome)
-        if completion.finish_reason is None:  # ended early: close the answer as the client expects
-            last = self.last_event(completion, outcome)
-            if last is not None:
-                await response.write(self.frame(last))
-        if self.end_of_stream:
-            await response.write(self.end_of_stream)
-        await response.write_eof()
-        return response
-
-    async def fail(self, error: ProxyError) -> web.StreamResponse:
-        if self.response is None:
-            return web.Response(
-                body=orjson.dumps(self.error(error)), status=error.status, content_type="application/json"
-            )
-        # Headers are gone: the status cannot change. End the stream with an error event.
-        await self.response.write(self.frame(self.error(error)))
-        if self.end_of_stream:
-            await self.response.write(self.end_of_stream)
-        await self.response.write_eof()
-        return self.response
+    def body(self, completion: Completion, outcome: Outcome) -> bytes:
+        """The whole non-streamed answer."""
+        return orjson.dumps(self.final(completion, outcome, completion.text))
 
 
 class FieldReader:

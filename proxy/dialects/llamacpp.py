@@ -15,8 +15,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.dialects.base import FieldReader, StreamWriter, finish_reason, require_object
-from proxy.dialects.openai import session_key
+from proxy.dialects.base import (
+    CompletionRoute,
+    Dialect,
+    Encoder,
+    FieldReader,
+    finish_reason,
+    require_object,
+    session_key,
+)
 from proxy.errors import InvalidRequestError, ProxyError
 from proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 
@@ -39,6 +46,10 @@ def _extra_files(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(files)
 
 
+def _response_fields(value: Any) -> tuple[str, ...] | None:
+    return tuple(f for f in value if isinstance(f, str)) if isinstance(value, list) else None
+
+
 def _max_tokens(fields: FieldReader) -> int | None:
     n_predict = fields.integer("n_predict", minimum=-1)
     return None if n_predict in (None, -1) else n_predict
@@ -53,12 +64,13 @@ def parse_infill(body: Any, headers: Mapping[str, str], request_id: str) -> Norm
     max_tokens = _max_tokens(fields)
     stream = fields.boolean("stream")
     params = fields.sampling()
+    response_fields = _response_fields(fields.raw("response_fields"))
     params.update(fields.rest(_NOT_FORWARDED))
     path = headers.get("X-File-Path") or (extra[-1][0] if extra else None) or None
     return NormalizedRequest(
         id=request_id, dialect=INFILL, session=session_key(headers), prefix=prefix + current_line, suffix=suffix,
         stream=stream, max_tokens=max_tokens, params=params, file_path=path, language=headers.get("X-Language"),
-        context_files=tuple(f for f in extra if f[1]),
+        context_files=tuple(f for f in extra if f[1]), response_fields=response_fields,
     )  # fmt: skip
 
 
@@ -72,11 +84,12 @@ def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> 
     max_tokens = _max_tokens(fields)
     stream = fields.boolean("stream")
     params = fields.sampling()
+    response_fields = _response_fields(fields.raw("response_fields"))
     params.update(fields.rest(_NOT_FORWARDED))
     return NormalizedRequest(
         id=request_id, dialect=COMPLETION, session=session_key(headers), prefix=prompt, suffix=None, stream=stream,
         max_tokens=max_tokens, params=params, file_path=headers.get("X-File-Path"),
-        language=headers.get("X-Language"),
+        language=headers.get("X-Language"), response_fields=response_fields,
     )  # fmt: skip
 
 
@@ -88,7 +101,7 @@ def _timings(completion: Completion) -> dict[str, Any]:
     return {"prompt_n": usage.get("prompt_tokens", 0), "predicted_n": usage.get("completion_tokens", 0)}
 
 
-def _flatten(body: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+def _flatten(body: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     """llama.cpp's `response_fields`: only those fields, nested ones under their `a/b` path."""
     out: dict[str, Any] = {}
     for path in fields:
@@ -100,13 +113,15 @@ def _flatten(body: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     return out
 
 
-class LlamaCppWriter(StreamWriter):
+def error_body(error: ProxyError) -> dict[str, Any]:
+    """llama.cpp's own error shape (`format_error_response` in tools/server/utils.hpp)."""
+    return {"error": {"code": error.status, "message": error.message, "type": error.type}}
+
+
+class LlamaCppEncoder(Encoder):
     """llama.cpp's answer shape for /infill and /completion."""
 
-    def __init__(self, http_request: Any, request: NormalizedRequest, body: Any = None) -> None:
-        super().__init__(http_request, request, body)
-        fields = body.get("response_fields") if isinstance(body, dict) else None
-        self.response_fields = [f for f in fields if isinstance(f, str)] if isinstance(fields, list) else None
+    end_of_stream = b""  # llama.cpp ends its stream with the `stop: true` event, no [DONE]
 
     def final(self, completion: Completion, outcome: Outcome, text: str) -> dict[str, Any]:
         reason = finish_reason(completion, outcome)
@@ -123,13 +138,22 @@ class LlamaCppWriter(StreamWriter):
             "stop_type": "limit" if reason == "length" else "eos",
             "timings": _timings(completion),
         }
-        return _flatten(body, self.response_fields) if self.response_fields else body
+        fields = self.request.response_fields
+        return _flatten(body, fields) if fields else body
 
     def partial(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
         return {"content": chunk.text, "stop": False}
 
-    @classmethod
-    def error(cls, error: ProxyError) -> dict[str, Any]:
-        return {"error": {"code": error.status, "message": error.message, "type": error.type}}
+    def stream_error(self, error: ProxyError) -> Any:
+        return error_body(error)
 
-    end_of_stream = b""  # llama.cpp ends its stream with the `stop: true` event, no [DONE]
+
+LLAMACPP = Dialect(
+    name="llamacpp",
+    completions=(
+        CompletionRoute("/infill", INFILL, parse_infill),
+        CompletionRoute("/completion", COMPLETION, parse_completion),
+    ),
+    encoder=LlamaCppEncoder,
+    error_body=error_body,
+)

@@ -17,8 +17,17 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.base import FieldReader, StreamWriter, finish_reason, require_object
-from proxy.dialects.openai import session_key
+from proxy.dialects.base import (
+    CompletionRoute,
+    Dialect,
+    Discovery,
+    DiscoveryRoute,
+    Encoder,
+    FieldReader,
+    finish_reason,
+    require_object,
+    session_key,
+)
 from proxy.errors import InvalidRequestError, ProxyError
 from proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 
@@ -53,11 +62,16 @@ def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
-class OllamaWriter(StreamWriter):
+def error_body(error: ProxyError) -> dict[str, Any]:
+    """Ollama's error shape: `{"error": "message"}` (api/types.go `StatusError`)."""
+    return {"error": error.message}
+
+
+class OllamaEncoder(Encoder):
     content_type = "application/x-ndjson"
     end_of_stream = b""
 
-    def frame(self, payload: dict[str, Any]) -> bytes:
+    def frame(self, payload: Any) -> bytes:
         return orjson.dumps(payload) + b"\n"
 
     def _base(self, completion: Completion, text: str, done: bool) -> dict[str, Any]:
@@ -80,15 +94,8 @@ class OllamaWriter(StreamWriter):
     def partial(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
         return self._base(completion, chunk.text, False)
 
-    @classmethod
-    def error(cls, error: ProxyError) -> dict[str, Any]:
-        return {"error": error.message}
-
-
-def model_ids(models: Any) -> list[str]:
-    """Model ids from an OpenAI `/v1/models` answer."""
-    data = models.get("data") if isinstance(models, dict) else None
-    return [str(m["id"]) for m in data or [] if isinstance(m, dict) and "id" in m]
+    def stream_error(self, error: ProxyError) -> Any:
+        return error_body(error)
 
 
 def tags(ids: list[str]) -> dict[str, Any]:
@@ -106,3 +113,32 @@ def show(name: str, max_context_tokens: int) -> dict[str, Any]:
         "model_info": {},
         "capabilities": ["completion", "insert"],
     }
+
+
+async def _tags(discovery: Discovery, body: Any) -> dict[str, Any]:
+    return tags(await discovery.model_ids())
+
+
+async def _show(discovery: Discovery, body: Any) -> dict[str, Any]:
+    name = body.get("model") or body.get("name") if isinstance(body, dict) else None
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError("'model' (or 'name') is required")
+    ids = await discovery.model_ids()
+    return show(name if name in ids else (ids[0] if ids else name), discovery.max_context_tokens)
+
+
+async def _version(discovery: Discovery, body: Any) -> dict[str, Any]:
+    return {"version": OLLAMA_VERSION}
+
+
+OLLAMA = Dialect(
+    name=DIALECT,
+    completions=(CompletionRoute("/api/generate", DIALECT, parse_generate),),
+    encoder=OllamaEncoder,
+    error_body=error_body,
+    discovery=(
+        DiscoveryRoute("GET", "/api/tags", _tags),
+        DiscoveryRoute("POST", "/api/show", _show),
+        DiscoveryRoute("GET", "/api/version", _version),
+    ),
+)

@@ -2,6 +2,8 @@
 
 Clients: minuet-ai.nvim (`openai_fim_compatible`), Tabby's OpenAI backend, JetBrains AI Assistant's
 OpenAI-compatible provider, Continue's OpenAI provider (which pre-renders FIM tokens into `prompt`).
+`text_completion` and `sse` are the one encoding of OpenAI's completion events; the bench's fake
+upstream and simulator use them too.
 """
 
 from __future__ import annotations
@@ -10,16 +12,23 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.dialects.base import FieldReader, StreamWriter, finish_reason, require_object
+import orjson
+
+from proxy.dialects.base import (
+    CompletionRoute,
+    Dialect,
+    Encoder,
+    FieldReader,
+    finish_reason,
+    openai_error,
+    require_object,
+    session_key,
+)
 from proxy.errors import InvalidRequestError
 from proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 
 DIALECT = "openai"
-
-
-def session_key(headers: Mapping[str, str], user: str | None = None) -> str:
-    """`X-Session-Id`, else the body's `user`, else `default`."""
-    return headers.get("X-Session-Id") or user or "default"
+DONE = b"data: [DONE]\n\n"
 
 
 def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> NormalizedRequest:
@@ -59,28 +68,50 @@ def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> 
     )
 
 
-def completion_object(completion: Completion, text: str, finish: str | None) -> dict[str, Any]:
-    """One OpenAI `text_completion` object (a whole response, or one stream chunk)."""
-    return {
-        "id": completion.id,
+def text_completion(
+    ident: str, created: int, model: str, text: str, finish: str | None, usage: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One OpenAI `text_completion` object (a whole response, or one stream event)."""
+    body: dict[str, Any] = {
+        "id": ident,
         "object": "text_completion",
-        "created": completion.created or int(time.time()),
-        "model": completion.model,
+        "created": created,
+        "model": model,
         "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
     }
+    if usage is not None:
+        body["usage"] = usage
+    return body
 
 
-class CompletionWriter(StreamWriter):
-    """SSE `text_completion` chunks then `[DONE]` for `stream: true`, else one JSON body."""
+def sse(payload: Any) -> bytes:
+    """One server-sent event carrying `payload` as JSON."""
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+class CompletionEncoder(Encoder):
+    """SSE `text_completion` events then `[DONE]` for `stream: true`, else one JSON body."""
+
+    end_of_stream = DONE
+
+    def frame(self, payload: Any) -> bytes:
+        return sse(payload)
+
+    def _object(self, completion: Completion, text: str, finish: str | None, usage: Any) -> dict[str, Any]:
+        created = completion.created or int(time.time())
+        return text_completion(completion.id, created, completion.model, text, finish, usage)
 
     def partial(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
-        body = completion_object(completion, chunk.text, None)
-        if chunk.usage is not None:
-            body["usage"] = chunk.usage
-        return body
+        return self._object(completion, chunk.text, None, chunk.usage)
 
     def final(self, completion: Completion, outcome: Outcome, text: str) -> dict[str, Any]:
-        body = completion_object(completion, text, finish_reason(completion, outcome))
-        if completion.usage is not None:
-            body["usage"] = completion.usage
-        return body
+        return self._object(completion, text, finish_reason(completion, outcome), completion.usage)
+
+
+OPENAI = Dialect(
+    name=DIALECT,
+    completions=(CompletionRoute("/v1/completions", DIALECT, parse_completion),),
+    encoder=CompletionEncoder,
+    error_body=openai_error,
+    passthrough=(("POST", "/v1/chat/completions"), ("GET", "/v1/models")),
+)

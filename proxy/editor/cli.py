@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from proxy.config import DEFAULT_CONFIG_FILE, Settings, SettingsError, load_settings
+from proxy.console import fail
 from proxy.editor import service
 from proxy.editor.configs import CONFIGS, render
-
-
-def _fail(message: str) -> NoReturn:
-    print(f"mellum-proxy: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _settings(config: Path | None) -> Settings:
     try:
         return load_settings({}, config)
     except SettingsError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def add_commands(commands: Any) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 
+from proxy.console import fail
 from proxy.planner.defaults import choose
 from proxy.planner.doctor import diagnose, read_probe
 from proxy.planner.inspect import InspectError, ModelInfo, bundled_shape, inspect_path, render, report
@@ -18,14 +18,9 @@ from proxy.planner.logs import compare, parse_log
 from proxy.planner.shapes import ASSUMED_ARCH
 from proxy.planner.sweep import BACKEND_OVERHEAD_GIB, SweepSpec, as_rows, best, sweep
 from proxy.planner.sweep import render as render_sweep
-from proxy.stats import read_log
+from proxy.telemetry.stats import read_log
 
 BACKENDS = sorted(BACKEND_OVERHEAD_GIB)
-
-
-def _fail(message: str) -> NoReturn:
-    print(f"mellum-proxy: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -102,13 +97,13 @@ def _load(path: Path) -> ModelInfo:
     try:
         return inspect_path(path)
     except (InspectError, OSError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _spec(args: argparse.Namespace, quants: tuple[str, ...], contexts: tuple[int, ...], batches: tuple[int, ...],
           business: int | None, params: float | None) -> SweepSpec:  # fmt: skip
     if not 0 <= args.margin < 1 or not 0 < args.target_util <= 1:
-        _fail("--margin must be in [0, 1) and --target-util in (0, 1]")
+        fail("--margin must be in [0, 1) and --target-util in (0, 1]")
     return SweepSpec(gpu_gib=args.gpu_gib, quants=quants, contexts=contexts, batches=batches, margin=args.margin,
                      target_util=args.target_util, kv_dtype=args.kv_dtype, backend=args.backend,
                      overhead_gib=args.overhead_gib, business_context=business, params_total=params,
@@ -132,7 +127,7 @@ def run_sweep(args: argparse.Namespace) -> None:
         try:
             shape = bundled_shape(args.arch) if args.arch else ASSUMED_ARCH
         except InspectError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         params = args.total_b * 1e9
         notes.append(f"weights from --total-b {args.total_b:g} B; KV cache for the {shape.arch} shape"
                      + ("" if args.arch else f" ({ASSUMED_ARCH.notes[0]})"))  # fmt: skip
@@ -145,7 +140,7 @@ def run_sweep(args: argparse.Namespace) -> None:
     try:
         cells = sweep(shape, spec, measured)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     pick, why = best(cells, spec)
     if args.csv is not None:
         with args.csv.open("w", newline="") as handle:
@@ -163,10 +158,10 @@ def run_inspect_log(args: argparse.Namespace) -> None:
     try:
         text = args.file.read_text(errors="replace")
     except OSError as exc:
-        _fail(f"cannot read {args.file}: {exc.strerror}")
+        fail(f"cannot read {args.file}: {exc.strerror}")
     found = parse_log(text)
     if found.backend is None:
-        _fail(f"{args.file}: no vLLM, llama.cpp or Ollama allocation lines found")
+        fail(f"{args.file}: no vLLM, llama.cpp or Ollama allocation lines found")
     result: dict[str, Any] = {"backend": found.backend, "weights_bytes": found.weights_bytes,
                               "kv_bytes": found.kv_bytes, "compute_bytes": found.compute_bytes,
                               "facts": found.facts, "evidence": found.evidence}  # fmt: skip
@@ -217,7 +212,7 @@ def run_defaults(args: argparse.Namespace) -> None:
     overrides = {k: getattr(spec, k) for k in ("margin", "target_util", "kv_dtype", "backend", "overhead_gib", "bpw")}
     chosen, why = choose(info.shape, args.gpu_gib, args.context, args.stress_context, args.batch, overrides, measured)
     if chosen is None:
-        _fail(why)
+        fail(why)
     args.out.write_text(chosen.env())
     print(chosen.env().rstrip())
     print(f"(written to {args.out}; {why})")
@@ -229,7 +224,7 @@ def run_doctor(args: argparse.Namespace) -> None:
         records, malformed = read_log(args.log)
         probe = read_probe(args.probe) if args.probe else (None, None)
     except (OSError, KeyError, ValueError) as exc:
-        _fail(f"cannot read the log or probe file: {exc}")
+        fail(f"cannot read the log or probe file: {exc}")
     result = diagnose(records, probe)
     result["malformed_lines"] = malformed
     if args.json:

@@ -11,7 +11,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from proxy.stats import percentile
+from proxy.telemetry.stats import percentile
 
 FAILED = {"upstream_error", "timeout"}
 SLOW_TTFT_MS = 1000.0

@@ -5,20 +5,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import anyio
+from proxy.clock import Clock
 
 
 @dataclass(frozen=True, slots=True)
 class Deadline:
-    """`first_token` and `total` on anyio's clock (the event loop's); `inf` when off."""
+    """`first_token` and `total` in `Clock.now()` seconds (anyio's deadlines use the same); `inf` when off."""
 
     first_token: float
     total: float
 
     @classmethod
-    def start(cls, ttft_timeout_ms: int, timeout_ms: int) -> Deadline:
+    def start(cls, clock: Clock, ttft_timeout_ms: int, timeout_ms: int) -> Deadline:
         """Deadlines counted from now; a timeout of 0 means none. Queue wait counts against both."""
-        now = anyio.current_time()
+        now = clock.now()
         total = now + timeout_ms / 1000 if timeout_ms > 0 else math.inf
         first = now + ttft_timeout_ms / 1000 if ttft_timeout_ms > 0 else math.inf
         return cls(first_token=min(first, total), total=total)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from proxy.clock import LOOP_CLOCK, Clock
 from proxy.observe import Changes
 
 
@@ -15,8 +16,9 @@ class Debouncer:
     upstream) and the newer one starts its own window. A window of 0 disables it.
     """
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, clock: Clock = LOOP_CLOCK) -> None:
         self.window_s = window_s
+        self.clock = clock
         self._held: dict[str, asyncio.Future[bool]] = {}
         self.changes = Changes()
 
@@ -31,11 +33,10 @@ class Debouncer:
             previous.set_result(False)
         if self.window_s <= 0:
             return True
-        loop = asyncio.get_running_loop()
-        mine: asyncio.Future[bool] = loop.create_future()
+        mine: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._held[session] = mine
         self.changes.notify()
-        timer = loop.call_later(self.window_s, _resolve, mine, True)
+        timer = self.clock.call_later(self.window_s, _resolve, mine, True)
         try:
             return await mine
         finally:

@@ -5,7 +5,9 @@ It observes and never steers: no sink can change or fail a request.
 
 from __future__ import annotations
 
-from proxy.models import Completion, NormalizedRequest
+from proxy.clock import LOOP_CLOCK, Clock
+from proxy.errors import ProxyError
+from proxy.models import Completion, NormalizedRequest, Outcome
 from proxy.telemetry.gpu import GpuSampler
 from proxy.telemetry.jsonl import JsonlLog
 from proxy.telemetry.prometheus import ProxyMetrics
@@ -21,6 +23,7 @@ class Telemetry:
         metrics: ProxyMetrics | None = None,
         log_content: bool = False,
         recorder: JsonlLog | None = None,
+        clock: Clock = LOOP_CLOCK,
     ) -> None:
         self.records = records
         self.gpu = gpu
@@ -28,9 +31,10 @@ class Telemetry:
         self.metrics = metrics
         self.log_content = log_content
         self.recorder = recorder
+        self.clock = clock
 
     def start(self, request: NormalizedRequest) -> RequestRecord:
-        record = RequestRecord.start(request, self.log_content)
+        record = RequestRecord.start(request, self.clock.now(), self.clock.unix(), self.log_content)
         if self.recorder is not None:
             self.recorder.put(arrival(request, record.received_at, self.log_content))
         if self.gpu is not None:
@@ -39,8 +43,11 @@ class Telemetry:
             record.vram_source = self.gpu.source
         return record
 
+    def first_token(self, record: RequestRecord) -> None:
+        record.mark_first_token(self.clock.now())
+
     def finish(self, record: RequestRecord, completion: Completion) -> None:
-        record.close(completion)
+        record.close(completion, self.clock.now())
         if self.gpu is not None:
             window = self.gpu.end_window(id(record))
             record.vram_used_mib_end = window.end_mib
@@ -50,6 +57,14 @@ class Telemetry:
             self.metrics.observe(record)
         if self.log is not None:
             self.log.put(record.as_dict())
+
+    def reject(self, request: NormalizedRequest, error: ProxyError) -> None:
+        """Record a request that failed before the completion service had it (`bad_request`, or
+        `upstream_error` for a 5xx)."""
+        record = self.start(request)
+        record.outcome = Outcome.BAD_REQUEST if error.status < 500 else Outcome.UPSTREAM_ERROR
+        record.upstream_status = error.status
+        self.finish(record, Completion(id=f"cmpl-{request.id}"))
 
 
 def arrival(request: NormalizedRequest, at: float, with_text: bool) -> dict[str, object]:

@@ -7,7 +7,6 @@ kept unless the user asked for it (`--log-content`): lengths and `prompt_sha256`
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -30,7 +29,7 @@ class RequestRecord:
     session: str
     dialect: str
     received_at: float  # unix seconds
-    started: float  # monotonic clock, for durations; not logged
+    started: float  # `Clock.now()` at arrival, for durations; not logged
     outcome: Outcome | None = None
     debounce_ms: float | None = None
     queue_ms: float | None = None
@@ -58,13 +57,13 @@ class RequestRecord:
     content: dict[str, str | None] | None = None  # only with --log-content
 
     @classmethod
-    def start(cls, request: NormalizedRequest, log_content: bool = False) -> RequestRecord:
+    def start(cls, request: NormalizedRequest, now: float, unix: float, log_content: bool = False) -> RequestRecord:
         return cls(
             id=request.id,
             session=request.session,
             dialect=request.dialect,
-            received_at=time.time(),
-            started=time.monotonic(),
+            received_at=unix,
+            started=now,
             prompt_chars=len(request.prefix),
             suffix_chars=len(request.suffix or ""),
             prompt_sha256=prompt_digest(request),
@@ -72,16 +71,13 @@ class RequestRecord:
             content={"prompt": request.prefix, "suffix": request.suffix} if log_content else None,
         )
 
-    def since_start_ms(self) -> float:
-        return (time.monotonic() - self.started) * 1000.0
-
-    def mark_first_token(self) -> None:
+    def mark_first_token(self, now: float) -> None:
         if self.ttft_ms is None:
-            self.ttft_ms = self.since_start_ms()
+            self.ttft_ms = (now - self.started) * 1000.0
 
-    def close(self, completion: Completion) -> None:
+    def close(self, completion: Completion, now: float) -> None:
         """Take the totals from what the upstream produced."""
-        self.total_ms = self.since_start_ms()
+        self.total_ms = (now - self.started) * 1000.0
         usage = completion.usage or {}
         self.prompt_tokens = usage.get("prompt_tokens")
         self.completion_tokens = usage.get("completion_tokens")

@@ -1,4 +1,5 @@
-"""Talking to the model server: `UpstreamClient` and the translation of transport errors."""
+"""Talking to the model server: `UpstreamClient`, its event-stream reader, the pass-through relay,
+the translation of transport errors, and the embedded llama.cpp server."""
 
 from proxy.upstream.client import UpstreamClient, completion_payload
 

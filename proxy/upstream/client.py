@@ -1,23 +1,24 @@
 """`UpstreamClient`: the proxy's one way to reach the OpenAI-compatible model server.
 
 Completions are always requested as a stream, so the proxy sees the first token and can stop
-the server by closing the connection. Responses are opened only with `async with`; on any
-exception (cancellation included) the response is `close()`d, not released, so the socket
-drops and llama.cpp / vLLM abort the generation.
+the server by closing the connection. Every response is opened through `open()`: an upstream
+4xx/5xx becomes an `UpstreamStatusError`, and on any exception (cancellation included) the
+response is `close()`d, not released, so the socket drops and llama.cpp / vLLM abort the work.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import orjson
 
-from proxy.budget.context import BudgetedPrompt
 from proxy.errors import UpstreamProtocolError
-from proxy.models import Chunk, NormalizedRequest
+from proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
 from proxy.upstream.errors import status_error, translate_errors
+from proxy.upstream.sse import read_sse
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -50,45 +51,68 @@ class UpstreamClient:
     def url(self, path: str) -> str:
         return self.base_url + path
 
-    async def stream_completion(self, payload: dict[str, Any]) -> AsyncIterator[Chunk]:
-        """POST `/v1/completions` and yield its chunks as they arrive.
+    @asynccontextmanager
+    async def open(
+        self,
+        method: str,
+        path: str,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        limit: aiohttp.ClientTimeout | None = None,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """An upstream response whose status is below 400, closed (socket dropped) on any error.
+
+        Transport errors raised while the caller reads the body inside the `async with` are
+        translated too.
+
+        Raises:
+            UpstreamError: the upstream is unreachable, timed out or answered 4xx/5xx.
+        """
+        url = self.url(path)
+        options: dict[str, Any] = {"data": data, "headers": headers or _JSON}
+        if limit is not None:
+            options["timeout"] = limit
+        with translate_errors(url):
+            async with self.session.request(method, url, **options) as resp:
+                try:
+                    if resp.status >= 400:
+                        raise status_error(resp.status, await resp.read())
+                    yield resp
+                except BaseException:
+                    resp.close()  # drop the socket: the server stops prefill/decoding
+                    raise
+
+    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[Chunk]:
+        """POST `/v1/completions` for `request` fitted to `prompt`, and yield its chunks as they arrive.
 
         Raises:
             UpstreamError: the upstream is unreachable, answered an error, or sent garbage.
         """
-        url = self.url("/v1/completions")
-        with translate_errors(url):
-            async with self.session.post(url, data=orjson.dumps(payload), headers=_JSON) as resp:
-                try:
-                    if resp.status >= 400:
-                        raise status_error(resp.status, await resp.read())
-                    async for chunk in _read_sse(resp):
-                        yield chunk
-                except BaseException:
-                    resp.close()  # drop the socket: the server stops prefill/decoding
-                    raise
+        body = orjson.dumps(completion_payload(request, prompt))
+        async with self.open("POST", "/v1/completions", body) as resp:
+            async for chunk in read_sse(resp.content):
+                yield chunk
+
+    async def tokenize(self, body: dict[str, Any]) -> Any:
+        """llama.cpp `POST /tokenize` (the context budget's exact tokenizer)."""
+        return await self.post_json("/tokenize", body)
 
     async def get_json(self, path: str, timeout_s: float = 2.0) -> Any:
         """GET a JSON document from the upstream (used for /props, /slots)."""
         return await self._json("GET", path, None, timeout_s)
 
     async def post_json(self, path: str, body: Any, timeout_s: float = 5.0) -> Any:
-        """POST a JSON body and read a JSON answer (used for /tokenize)."""
+        """POST a JSON body and read a JSON answer."""
         return await self._json("POST", path, body, timeout_s)
 
     async def _json(self, method: str, path: str, body: Any, timeout_s: float) -> Any:
-        url = self.url(path)
         data = None if body is None else orjson.dumps(body)
-        with translate_errors(url):
-            timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self.session.request(method, url, data=data, headers=_JSON, timeout=timeout) as resp:
-                answer = await resp.read()
-                if resp.status >= 400:
-                    raise status_error(resp.status, answer)
-                try:
-                    return orjson.loads(answer)
-                except orjson.JSONDecodeError as exc:
-                    raise UpstreamProtocolError(f"upstream {url} sent non-JSON") from exc
+        async with self.open(method, path, data, limit=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            answer = await resp.read()
+        try:
+            return orjson.loads(answer)
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamProtocolError(f"upstream {self.url(path)} sent non-JSON") from exc
 
     async def reachable(self, timeout_s: float = 1.0) -> bool:
         """Whether the upstream answers: llama.cpp/vLLM `/health`, else `/v1/models`."""
@@ -117,36 +141,8 @@ class UpstreamClient:
                 return len(body)
         return None
 
-
-async def _read_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[Chunk]:
-    """Parse an OpenAI completion event stream into chunks, stopping at `[DONE]`."""
-    async for raw in resp.content:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue  # comments, keep-alives, `event:` lines
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            return
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise UpstreamProtocolError("upstream sent an unreadable stream event") from exc
-        if not isinstance(event, dict):
-            raise UpstreamProtocolError("upstream sent a stream event that is not an object")
-        if "error" in event:
-            raise status_error(500, data)
-        yield _chunk_from_event(event)
-
-
-def _chunk_from_event(event: dict[str, Any]) -> Chunk:
-    choices = event.get("choices") or [{}]
-    choice = choices[0] if isinstance(choices[0], dict) else {}
-    return Chunk(
-        text=str(choice.get("text") or ""),
-        finish_reason=choice.get("finish_reason"),
-        usage=event.get("usage"),
-        timings=event.get("timings"),
-        model=event.get("model"),
-        created=event.get("created"),
-        upstream_id=event.get("id"),
-    )
+    async def model_ids(self) -> list[str]:
+        """Model ids from the upstream's OpenAI `/v1/models`."""
+        models = await self.get_json("/v1/models")
+        data = models.get("data") if isinstance(models, dict) else None
+        return [str(m["id"]) for m in data or [] if isinstance(m, dict) and "id" in m]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.app import RECORDS
-from proxy.embedded import EmbeddedServer
+from proxy.http import RECORDS
+from proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory, corpus_texts
 
 pytestmark = pytest.mark.embedded
@@ -18,8 +18,8 @@ async def test_server_counts_no_more_than_the_budget(
     make_proxy: ProxyFactory, embedded_server: EmbeddedServer, cursor: int
 ) -> None:
     proxy = await make_proxy(
-        upstream=embedded_server.url, debounce_ms=0, tokenizer="upstream", max_context_tokens=300, max_tokens=16,
-        context_step_lines=1,
+        upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, tokenizer="upstream", max_context_tokens=300,
+        max_tokens=16, context_step_lines=1,
     )  # fmt: skip
     body = {"prompt": TEXT[:cursor], "suffix": TEXT[cursor:], "max_tokens": 64, "temperature": 0}
     resp = await proxy.post("/v1/completions", json=body, headers={"X-File-Path": "inventory.py"})
@@ -33,7 +33,7 @@ async def test_server_counts_no_more_than_the_budget(
 
 
 async def test_auto_picks_the_upstream_tokenizer(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> None:
-    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0)
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0)
     await (await proxy.post("/v1/completions", json={"prompt": "x = ", "max_tokens": 2})).json()
     assert proxy.app[RECORDS].last().tokenizer == "upstream"
 

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.embedded import EmbeddedServer
+from proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.sse import events
 

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.app import RECORDS
-from proxy.embedded import EmbeddedServer
+from proxy.http import RECORDS
+from proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.sse import events
 

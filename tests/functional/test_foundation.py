@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.embedded import EmbeddedServer
+from proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.sse import collect_text, events
 
@@ -76,7 +76,7 @@ async def test_first_chunk_reaches_client_while_upstream_still_generates(
 
 
 async def test_record_knows_time_to_first_token(embedded_proxy: Any) -> None:
-    from proxy.app import RECORDS
+    from proxy.http import RECORDS
 
     resp = await embedded_proxy.post("/v1/completions", json={"prompt": PROMPT, **GREEDY, "stream": True})
     await collect_text(resp)
@@ -90,7 +90,7 @@ async def test_health_follows_the_upstream(make_proxy: ProxyFactory) -> None:
     server.start()
     port = server.port
     try:
-        proxy = await make_proxy(upstream=server.url)
+        proxy = await make_proxy(upstream=server.url, timeout_ms=0)
         ok = await proxy.get("/health")
         assert ok.status == 200
         assert await ok.json() == {"status": "ok", "upstream": {"url": server.url, "reachable": True}}
@@ -151,7 +151,7 @@ async def test_bad_input_is_a_json_400(embedded_proxy: Any, body: bytes, status:
 
 
 async def test_body_over_the_limit_is_413(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> None:
-    proxy = await make_proxy(upstream=embedded_server.url, max_body_bytes=2048)
+    proxy = await make_proxy(upstream=embedded_server.url, timeout_ms=0, max_body_bytes=2048)
     resp = await proxy.post("/v1/completions", json={"prompt": "x" * 4096})
     assert resp.status == 413
     assert (await resp.json())["error"]["type"] == "request_too_large"

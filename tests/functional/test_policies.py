@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.app import POLICIES, RECORDS
+from proxy.http import POLICIES, RECORDS
 from tests.conftest import ProxyFactory
 from tests.sse import collect_text, events
 

@@ -9,15 +9,17 @@ import aiohttp
 import pytest
 
 from proxy.config import Settings
-from proxy.embedded import EmbeddedServer
-from proxy.server import serve
+from proxy.http.server import serve
+from proxy.upstream.embedded import EmbeddedServer
 from tests.sse import collect_text, events
 
 pytestmark = pytest.mark.embedded
 
 
 async def test_in_flight_stream_finishes_after_stop(embedded_server: EmbeddedServer, unused_tcp_port: int) -> None:
-    settings = Settings(upstream=embedded_server.url, listen=f"127.0.0.1:{unused_tcp_port}", debounce_ms=0)
+    settings = Settings(
+        upstream=embedded_server.url, listen=f"127.0.0.1:{unused_tcp_port}", debounce_ms=0, timeout_ms=0
+    )
     stop = asyncio.Event()
     server = asyncio.create_task(serve(settings, stop))
     url = f"http://{settings.listen}/v1/completions"

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.app import RECORDS, TELEMETRY
-from proxy.embedded import EmbeddedServer
+from proxy.http import RECORDS, TELEMETRY
+from proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import FakeGpu, ProxyFactory
 from tests.sse import collect_text
 
@@ -24,7 +24,12 @@ async def test_log_metrics_and_status_after_real_requests(
     log = tmp_path / "requests.jsonl"
     gpu = FakeGpu(used_mib=1000)
     proxy = await make_proxy(
-        upstream=embedded_server.url, debounce_ms=0, log=log, gpu_opener=lambda: gpu, vram_interval_ms=60_000
+        upstream=embedded_server.url,
+        debounce_ms=0,
+        timeout_ms=0,
+        log=log,
+        gpu_opener=lambda: gpu,
+        vram_interval_ms=60_000,
     )
     sampler = proxy.app[TELEMETRY].gpu
     await sampler.sample_once()
@@ -71,16 +76,18 @@ async def test_log_content_only_when_asked(
     make_proxy: ProxyFactory, embedded_server: EmbeddedServer, tmp_path: Path
 ) -> None:
     log = tmp_path / "requests.jsonl"
-    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, log=log, log_content=True)
+    proxy = await make_proxy(
+        upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, log=log, log_content=True, gpu_opener=_unavailable
+    )
     await (await proxy.post("/v1/completions", json={"prompt": SECRET, "max_tokens": 4})).json()
     await proxy.close()
     record = orjson.loads(log.read_bytes())
     assert record["prompt"] == SECRET and record["completion"]
-    assert record["vram_source"] == "none" and record["vram_peak_mib"] is None  # no NVIDIA driver: null
+    assert record["vram_source"] == "none" and record["vram_peak_mib"] is None  # no GPU: null, not a failure
 
 
 async def test_no_gpu_means_null_vram_and_nan_gauges(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> None:
-    proxy = await make_proxy(upstream=embedded_server.url, gpu_opener=_unavailable)
+    proxy = await make_proxy(upstream=embedded_server.url, timeout_ms=0, gpu_opener=_unavailable)
     metrics = await (await proxy.get("/metrics")).text()
     assert "mellum_proxy_gpu_memory_used_bytes NaN" in metrics
     status = await (await proxy.get("/status")).json()
@@ -98,7 +105,7 @@ def _unavailable() -> Any:
 
 
 async def test_baseline_against_the_real_server(embedded_server: EmbeddedServer, tmp_path: Path) -> None:
-    from proxy.probe import baseline
+    from proxy.planner.probe import baseline
 
     book = await baseline(str(embedded_server.url), idle_s=0, gpu=0, pid=None, embedded_model=None)
     assert [r.phase for r in book.readings] == ["before start", "after load", "after idle", "after first request"]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import main
-from proxy.embedded import packaged_model
 from proxy.planner.logs import parse_log
+from proxy.upstream.embedded import packaged_model
 
 # Quoted from public bug reports (the lines as their authors pasted them):
 VLLM_LOG = """\
@@ -35,7 +35,7 @@ Jul 24 21:50:08 vega ollama[132945]: llama_kv_cache_init:      ROCm0 KV buffer s
 """  # ollama/ollama issue 5913 (an older llama.cpp inside Ollama)
 
 STARTUP = """
-from proxy.embedded import EmbeddedServer
+from proxy.upstream.embedded import EmbeddedServer
 server = EmbeddedServer(ctx_tokens=4096, slots=2, verbosity=4)
 server.start()
 server.stop()

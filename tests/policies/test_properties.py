@@ -1,8 +1,11 @@
-"""Property-based test of the policies together, over random arrival and disconnect schedules.
+"""Property-based test of the policies together, over random arrival and disconnect schedules,
+in virtual time (each example costs no real time and does not depend on an idle machine).
 
 Invariants: never more than max_concurrency requests upstream at once; every request that stays
-connected gets exactly one response; the newest request of a session is never debounced; nothing
-(task, upstream stream, queue place, held request) is left behind.
+connected gets exactly one answer, and that answer is right for its outcome (a whole completion for
+`ok`, nothing for `debounced`/`queue_full`, a prefix of the completion for `cancelled`/`timeout`, never
+an error); outcomes only come from policies that are switched on; the newest request of a session is
+never debounced or cancelled; nothing (task, upstream stream, queue place, held request) is left behind.
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ from hypothesis import strategies as st
 
 from proxy.budget import BudgetSettings, CharsEstimator, ContextBudget
 from proxy.completion import CompletionService, Policies
-from proxy.models import Chunk, Completion, NormalizedRequest, Outcome
+from proxy.errors import ProxyError
+from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
 from proxy.policies import AdmissionQueue, Debouncer, Supersede
 from proxy.telemetry import RecentRecords, Telemetry
+from tests.virtual_time import run_virtual
 
 
 class MemoryUpstream:
-    """Streams `tokens` chunks 1 ms apart and counts streams open at once."""
+    """Streams one `x` per max_tokens, 1 ms apart (virtual), and counts streams open at once."""
 
     def __init__(self) -> None:
         self.active = 0
@@ -31,12 +36,12 @@ class MemoryUpstream:
         self.opened = 0
         self.closed = 0
 
-    async def stream_completion(self, payload: dict[str, Any]) -> AsyncIterator[Chunk]:
+    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[Chunk]:
         self.opened += 1
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
-            for _ in range(payload.get("max_tokens") or 3):
+            for _ in range(prompt.max_tokens):
                 await asyncio.sleep(0.001)
                 yield Chunk(text="x")
             yield Chunk(text="", finish_reason="length")
@@ -46,17 +51,20 @@ class MemoryUpstream:
 
 
 @dataclass
-class CountingWriter:
-    answers: list[Outcome | str] = field(default_factory=list)
+class RecordingAnswer:
+    """Keeps every call the service makes: ("finish", outcome, text) or ("fail", message)."""
 
-    async def send_chunk(self, completion: Completion, chunk: Chunk) -> None:
-        return None
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    sent: str = ""
 
-    async def finish(self, completion: Completion, outcome: Outcome) -> Any:
-        self.answers.append(outcome)
+    async def send(self, completion: Completion, chunk: Chunk) -> None:
+        self.sent += chunk.text
 
-    async def fail(self, error: Exception) -> Any:
-        self.answers.append(f"error: {error}")
+    async def finish(self, completion: Completion, outcome: Outcome) -> None:
+        self.calls.append(("finish", outcome, completion.text))
+
+    async def fail(self, error: ProxyError) -> None:
+        self.calls.append(("fail", str(error)))
 
 
 arrival = st.tuples(
@@ -81,7 +89,7 @@ options = st.fixed_dictionaries(
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schedule=st.lists(arrival, min_size=1, max_size=14), options=options)
 def test_policy_invariants(schedule: list[tuple[int, str, int | None, int]], options: dict[str, int]) -> None:
-    asyncio.run(_run(schedule, **options))
+    run_virtual(_run(schedule, **options))
 
 
 async def _run(
@@ -100,20 +108,19 @@ async def _run(
         timeout_ms=timeout_ms,
     )
     budget = ContextBudget(BudgetSettings(max_context_tokens=1 << 20, max_tokens=1 << 10), CharsEstimator())
-    service = CompletionService(upstream, policies, budget, Telemetry(RecentRecords()))  # type: ignore[arg-type]
-    writers: list[CountingWriter] = []
+    service = CompletionService(upstream, policies, budget, Telemetry(RecentRecords()))
+    answers: list[RecordingAnswer] = []
     tasks: list[asyncio.Task[Any]] = []
     disconnects: list[asyncio.TimerHandle] = []
     loop = asyncio.get_running_loop()
     for i, (gap_ms, session, leave_ms, tokens) in enumerate(schedule):
-        await asyncio.sleep(gap_ms / 1000)
+        await asyncio.sleep(gap_ms / 1000)  # the arrival schedule, in virtual time
         request = NormalizedRequest(id=str(i), dialect="test", session=session, prefix="p", max_tokens=tokens)
-        writer = CountingWriter()
-        task = asyncio.create_task(service.complete(request, writer))
-        writers.append(writer)
-        tasks.append(task)
+        answer = RecordingAnswer()
+        tasks.append(asyncio.create_task(service.complete(request, answer)))
+        answers.append(answer)
         if leave_ms is not None:
-            disconnects.append(loop.call_later(leave_ms / 1000, task.cancel))
+            disconnects.append(loop.call_later(leave_ms / 1000, tasks[-1].cancel))
     async with asyncio.timeout(10):
         results = await asyncio.gather(*tasks, return_exceptions=True)
     for handle in disconnects:
@@ -121,11 +128,29 @@ async def _run(
 
     assert upstream.max_active <= max_concurrency
     gone = [isinstance(result, asyncio.CancelledError) for result in results]
-    for writer, was_gone in zip(writers, gone, strict=True):
-        assert len(writer.answers) == (0 if was_gone else 1), writer.answers
     last_of_session = {session: i for i, (_, session, _, _) in enumerate(schedule)}
-    for i in last_of_session.values():
-        assert gone[i] or writers[i].answers != [Outcome.DEBOUNCED]
+    for i, (answer, was_gone) in enumerate(zip(answers, gone, strict=True)):
+        if was_gone:
+            assert answer.calls == []
+            continue
+        assert len(answer.calls) == 1, answer.calls
+        kind, outcome, text = answer.calls[0]
+        full = "x" * schedule[i][3]
+        assert kind == "finish", answer.calls  # policies never turn into errors
+        assert text == answer.sent  # the answer holds exactly what was streamed
+        if outcome is Outcome.OK:
+            assert text == full
+        elif outcome in (Outcome.DEBOUNCED, Outcome.QUEUE_FULL):
+            assert text == ""
+        elif outcome in (Outcome.CANCELLED, Outcome.TIMEOUT):
+            assert full.startswith(text) and text != full
+        else:
+            raise AssertionError(f"unexpected outcome {outcome}")
+        assert outcome is not Outcome.DEBOUNCED or debounce_ms > 0
+        assert outcome is not Outcome.TIMEOUT or timeout_ms > 0
+        assert outcome is not Outcome.QUEUE_FULL or max_queue < len(schedule)
+        if i == last_of_session[schedule[i][1]]:
+            assert outcome not in (Outcome.DEBOUNCED, Outcome.CANCELLED), (i, outcome)
     assert upstream.active == 0 and upstream.opened == upstream.closed
     assert policies.admission.running == 0 and policies.admission.depth == 0
     assert policies.debouncer.held() == 0

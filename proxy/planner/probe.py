@@ -20,6 +20,7 @@ from typing import IO, Any
 import aiohttp
 import orjson
 
+from proxy.config import upstream_base_url
 from proxy.telemetry.gpu import MIB, GpuBackend, GpuReading, GpuUnavailableError, NvmlBackend
 
 PROBE_HEADER = ["timestamp", "index", "memory.used [MiB]", "memory.total [MiB]"]
@@ -163,7 +164,7 @@ async def first_request(url: str) -> float:
 
 async def baseline(upstream: str, idle_s: float, gpu: int, pid: int | None, embedded_model: Path | None) -> Baseline:
     """The four readings: before the server starts (or now), after load, after idling, after one request."""
-    from proxy.embedded import EmbeddedServer
+    from proxy.upstream.embedded import EmbeddedServer
 
     server = None
     if upstream == "embedded":
@@ -173,7 +174,7 @@ async def baseline(upstream: str, idle_s: float, gpu: int, pid: int | None, embe
         server = EmbeddedServer(embedded_model)
         url = await asyncio.to_thread(server.start)
     else:
-        url = upstream.rstrip("/").removesuffix("/v1")
+        url = upstream_base_url(upstream)
         book = Baseline(gpu, pid)
         book.read("before start", note="the server was already running: this is 'now'")
     try:

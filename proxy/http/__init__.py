@@ -1,0 +1,32 @@
+"""The HTTP edge: the aiohttp app, its routes and error middleware, and the server runner.
+
+It adapts the HTTP-free completion core (`proxy.completion`) to the wire; nothing below it
+imports `aiohttp.web`.
+"""
+
+from proxy.http.app import build_app
+from proxy.http.keys import (
+    EMBEDDED,
+    GPU_OPENER,
+    POLICIES,
+    RECORDS,
+    SERVICE,
+    SETTINGS,
+    TELEMETRY,
+    UPSTREAM,
+)
+from proxy.http.server import serve, serve_app
+
+__all__ = [
+    "EMBEDDED",
+    "GPU_OPENER",
+    "POLICIES",
+    "RECORDS",
+    "SERVICE",
+    "SETTINGS",
+    "TELEMETRY",
+    "UPSTREAM",
+    "build_app",
+    "serve",
+    "serve_app",
+]

@@ -1,0 +1,65 @@
+"""`HttpAnswer`: the completion service's `Answer` protocol over one aiohttp response.
+
+A streamed answer sends its headers with the first event, so an outcome decided before any token
+(debounced, queue full, ...) still reaches the `X-Mellum-Outcome` header. An error before anything
+was sent is kept and raised by the handler, so the error middleware renders it in the route's
+dialect; once the stream has started the status cannot change, and the encoder ends it instead.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.dialects.base import OUTCOME_HEADER, Encoder
+from proxy.errors import ProxyError
+from proxy.models import Chunk, Completion, Outcome
+
+
+class HttpAnswer:
+    def __init__(self, http_request: web.Request, encoder: Encoder) -> None:
+        self.http_request = http_request
+        self.encoder = encoder
+        self.stream = encoder.request.stream
+        self.response: web.StreamResponse | None = None
+        self.error: ProxyError | None = None
+
+    async def _start(self, outcome: Outcome | None) -> web.StreamResponse:
+        if self.response is None:
+            headers = {"Content-Type": self.encoder.content_type, "Cache-Control": "no-cache"}
+            if outcome is not None:
+                headers[OUTCOME_HEADER] = outcome.value
+            response = web.StreamResponse(headers=headers)
+            await response.prepare(self.http_request)
+            self.response = response
+        return self.response
+
+    async def send(self, completion: Completion, chunk: Chunk) -> None:
+        if self.stream:
+            response = await self._start(None)
+            await response.write(self.encoder.event(completion, chunk))
+
+    async def finish(self, completion: Completion, outcome: Outcome) -> None:
+        if not self.stream:
+            self.response = web.Response(
+                body=self.encoder.body(completion, outcome),
+                content_type="application/json",
+                headers={OUTCOME_HEADER: outcome.value},
+            )
+            return
+        response = await self._start(outcome)
+        await response.write(self.encoder.closing(completion, outcome))
+        await response.write_eof()
+
+    async def fail(self, error: ProxyError) -> None:
+        if self.response is None:
+            self.error = error
+            return
+        await self.response.write(self.encoder.failing(error))
+        await self.response.write_eof()
+
+    def result(self) -> web.StreamResponse:
+        """The response to return from the handler; an early error is raised for the middleware."""
+        if self.error is not None:
+            raise self.error
+        assert self.response is not None, "the service answered neither finish nor fail"
+        return self.response

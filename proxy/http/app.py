@@ -1,0 +1,34 @@
+"""`build_app(settings)`: the proxy as an aiohttp application.
+
+Client disconnects cancel the handler (`serve_app` runs with `handler_cancellation=True`): the
+proxy exists to drop stale work, so a request whose editor has gone must stop the upstream too.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.http import lifecycle
+from proxy.http.keys import RECORDS, SETTINGS
+from proxy.http.middleware import error_middleware, request_id
+from proxy.http.routes import add_routes
+from proxy.telemetry import RecentRecords
+
+
+def build_app(settings: Settings) -> web.Application:
+    """The proxy's app: start it with `proxy.http.serve_app` or a test client."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[RECORDS] = RecentRecords()
+    if settings.embedded:
+        app.cleanup_ctx.append(lifecycle.embedded_upstream)
+    app.cleanup_ctx.append(lifecycle.telemetry)  # before the upstream: torn down after it, so the log flushes last
+    app.cleanup_ctx.append(lifecycle.upstream_client)
+    app.on_response_prepare.append(_add_request_id)
+    add_routes(app)
+    return app
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.setdefault("X-Request-Id", request_id(request))

@@ -1,0 +1,31 @@
+"""Typed keys for the state the HTTP edge keeps on the app and on each request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from proxy.completion import CompletionService, Policies
+from proxy.config import Settings
+from proxy.dialects import Dialect
+from proxy.dialects.base import CompletionRoute
+from proxy.telemetry import RecentRecords, Telemetry
+from proxy.upstream import UpstreamClient
+from proxy.upstream.embedded import EmbeddedServer
+
+SETTINGS = web.AppKey("settings", Settings)
+UPSTREAM = web.AppKey("upstream", UpstreamClient)
+SERVICE = web.AppKey("service", CompletionService)
+POLICIES = web.AppKey("policies", Policies)
+RECORDS = web.AppKey("records", RecentRecords)
+TELEMETRY = web.AppKey("telemetry", Telemetry)
+EMBEDDED = web.AppKey("embedded", EmbeddedServer)
+# Tests inject a GPU backend here (a fake, or one that is unavailable); production opens NVML.
+GPU_OPENER = web.AppKey("gpu_opener", Callable[[], object])
+# Which dialect owns each path (its error shape), and the completion route when it is one.
+ROUTES = web.AppKey("routes", dict[str, tuple[Dialect, CompletionRoute | None]])
+
+REQUEST_ID = web.RequestKey("request_id", str)
+# Set once the completion service has the request: from then on it records the request itself.
+RECORDED = web.RequestKey("recorded", bool)

@@ -1,0 +1,154 @@
+"""The app's shared resources as aiohttp cleanup contexts, and the components built from settings.
+
+Order (set in `build_app`): the embedded server (if any), then telemetry, then the upstream client
+with the policies, budget and service. Cleanup runs in reverse, so the request log flushes last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from proxy.budget import (
+    BudgetSettings,
+    CharsEstimator,
+    ContextBudget,
+    HfTokenizer,
+    TokenCounter,
+    UpstreamTokenizer,
+    template_for,
+)
+from proxy.clock import LOOP_CLOCK, Clock
+from proxy.completion import CompletionService, Policies
+from proxy.config import Settings
+from proxy.errors import UpstreamError
+from proxy.http.keys import EMBEDDED, GPU_OPENER, POLICIES, RECORDS, SERVICE, SETTINGS, TELEMETRY, UPSTREAM
+from proxy.policies import AdmissionQueue, Debouncer, Supersede
+from proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetrics, Telemetry
+from proxy.upstream import UpstreamClient
+from proxy.upstream.embedded import EmbeddedServer
+
+log = logging.getLogger("mellum_proxy")
+
+
+async def embedded_upstream(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    server = EmbeddedServer(
+        settings.model, settings.embedded_ctx_tokens, settings.embedded_slots, settings.embedded_threads
+    )
+    url = await asyncio.to_thread(server.start)  # the model load blocks for a second or two
+    log.info("embedded llama.cpp server at %s (model %s)", url, settings.model or "gemma-3-270m")
+    print(f"embedded upstream: {url}", flush=True)
+    app[EMBEDDED] = server
+    yield
+    await asyncio.to_thread(server.stop)
+
+
+def gpu_opener(settings: Settings, pid: int | None) -> Callable[[], NvmlBackend]:
+    return lambda: NvmlBackend(settings.gpu, pid)
+
+
+def _open_log(path: Path | None, max_mb: float) -> JsonlLog | None:
+    if path is None:
+        return None
+    sink = JsonlLog(path, int(max_mb * 1024 * 1024))
+    sink.start()
+    return sink
+
+
+async def telemetry(app: web.Application) -> AsyncIterator[None]:
+    """The GPU sampler and the request log: started before requests, flushed after the last one."""
+    settings = app[SETTINGS]
+    pid = os.getpid() if EMBEDDED in app else (settings.upstream_pid or None)
+    gpu = GpuSampler(app.get(GPU_OPENER) or gpu_opener(settings, pid), settings.vram_interval_ms / 1000)
+    await asyncio.to_thread(gpu.open)
+    sampler = asyncio.create_task(gpu.run(), name="gpu-sampler")
+    log_file = _open_log(settings.log, settings.log_max_mb)
+    recorder = _open_log(settings.record, settings.log_max_mb)
+    app[TELEMETRY] = Telemetry(app[RECORDS], gpu, log_file, log_content=settings.log_content, recorder=recorder)
+    try:
+        yield
+    finally:
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
+        gpu.close()
+        for sink in (log_file, recorder):
+            if sink is not None:
+                await sink.close()
+
+
+async def upstream_client(app: web.Application) -> AsyncIterator[None]:
+    """The upstream session, and what is built on it: policies, context budget, the service."""
+    settings = app[SETTINGS]
+    base_url = app[EMBEDDED].url if EMBEDDED in app else settings.upstream
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.upstream_connect_timeout_ms / 1000)
+    connector = aiohttp.TCPConnector(limit=0)  # concurrency is the policies' job, not the pool's
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        upstream = UpstreamClient(session, str(base_url))
+        app[UPSTREAM] = upstream
+        telemetry = app[TELEMETRY]
+        policies = app[POLICIES] = await build_policies(settings, upstream, telemetry.clock)
+        gpu = telemetry.gpu
+        assert gpu is not None
+        telemetry.metrics = ProxyMetrics(
+            inflight=lambda: policies.admission.running,
+            queued=lambda: policies.admission.depth,
+            gpu_used=lambda: gpu.latest.used_bytes if gpu.latest and gpu.source == "nvml" else None,
+            gpu_total=lambda: gpu.latest.total_bytes if gpu.latest and gpu.source == "nvml" else None,
+        )
+        budget = ContextBudget(budget_settings(settings), await build_counter(settings, upstream))
+        log.info("context budget: %d tokens, tokenizer %s", settings.max_context_tokens, budget.counter.method)
+        app[SERVICE] = CompletionService(upstream, policies, budget, telemetry)
+        yield
+
+
+async def build_policies(settings: Settings, upstream: UpstreamClient, clock: Clock = LOOP_CLOCK) -> Policies:
+    """The policies from the settings; `max_concurrency = 0` asks the upstream for its slot count."""
+    limit = settings.max_concurrency
+    if limit == 0:
+        slots = await upstream.slot_count()
+        limit = slots or 1
+        why = f"the upstream's {slots} slots" if slots else "1 (the upstream did not say how many slots it has)"
+        log.info("max_concurrency: %s", why)
+    return Policies(
+        debouncer=Debouncer(settings.debounce_ms / 1000, clock),
+        supersede=Supersede(settings.max_inflight),
+        admission=AdmissionQueue(limit, settings.max_queue),
+        ttft_timeout_ms=settings.ttft_timeout_ms,
+        timeout_ms=settings.timeout_ms,
+        complete_in_comments=settings.complete_in_comments,
+        clock=clock,
+    )
+
+
+def budget_settings(settings: Settings) -> BudgetSettings:
+    return BudgetSettings(
+        max_context_tokens=settings.max_context_tokens,
+        max_tokens=settings.max_tokens,
+        prefix_ratio=settings.prefix_ratio,
+        step_lines=settings.context_step_lines,
+        template=template_for(settings.fim_template),
+    )
+
+
+async def build_counter(settings: Settings, upstream: UpstreamClient) -> TokenCounter:
+    """`auto`: the upstream's /tokenize when it answers, else the calibrated character estimate."""
+    choice = settings.tokenizer
+    if choice == "chars":
+        return CharsEstimator()
+    if choice == "upstream":
+        return UpstreamTokenizer(upstream)
+    if choice != "auto":
+        return await asyncio.to_thread(HfTokenizer, Path(choice))  # reading the file blocks
+    tokenizer = UpstreamTokenizer(upstream)
+    try:
+        await tokenizer.count("x")
+    except UpstreamError:
+        return CharsEstimator()
+    return tokenizer

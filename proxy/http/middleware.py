@@ -1,0 +1,71 @@
+"""The one place an error becomes an HTTP answer: in the route's dialect, and recorded.
+
+Every `ProxyError`, every aiohttp HTTP error (404, 405, 413, ...) and every unexpected exception
+leaves as the dialect's own error body with its status: OpenAI `{"error": {"message", "type"}}`,
+llama.cpp `{"error": {"code", "message", "type"}}`, Ollama `{"error": "message"}`. A completion
+request that fails before the service had it is recorded here (`bad_request`); once the service
+has it, the service records it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+import orjson
+from aiohttp import web
+
+from proxy.dialects import DEFAULT, Dialect
+from proxy.dialects.base import session_key
+from proxy.errors import InvalidRequestError, MethodNotAllowedError, NotFoundError, ProxyError, RequestTooLargeError
+from proxy.http.keys import RECORDED, REQUEST_ID, ROUTES, TELEMETRY
+from proxy.models import NormalizedRequest
+
+log = logging.getLogger("mellum_proxy")
+
+_HTTP_ERRORS: dict[int, type[ProxyError]] = {
+    404: NotFoundError,
+    405: MethodNotAllowedError,
+    413: RequestTooLargeError,
+}
+
+
+def request_id(request: web.Request) -> str:
+    if REQUEST_ID not in request:
+        request[REQUEST_ID] = secrets.token_hex(8)
+    return request[REQUEST_ID]
+
+
+def render_error(dialect: Dialect, error: ProxyError) -> web.Response:
+    body = orjson.dumps(dialect.error_body(error))
+    return web.Response(body=body, status=error.status, content_type="application/json")
+
+
+def as_proxy_error(request: web.Request, exc: BaseException) -> ProxyError:
+    """What `exc` means to the client; anything unexpected is logged whole and becomes a sanitized 500."""
+    if isinstance(exc, ProxyError):
+        return exc
+    if isinstance(exc, web.HTTPException):
+        error = _HTTP_ERRORS.get(exc.status, InvalidRequestError)(f"{request.method} {request.path}: {exc.reason}")
+        error.status = exc.status
+        return error
+    log.exception("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+    return ProxyError("internal proxy error (see the proxy's log)")
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    rid = request_id(request)
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = as_proxy_error(request, exc)
+    except Exception as exc:  # the one broad catch: every error leaves in the route's own shape
+        error = as_proxy_error(request, exc)
+    dialect, route = request.app[ROUTES].get(request.path, (DEFAULT, None))
+    if route is not None and not request.get(RECORDED, False):
+        stub = NormalizedRequest(rid, route.name, session_key(request.headers), "")
+        request.app[TELEMETRY].reject(stub, error)
+    return render_error(dialect, error)

@@ -1,0 +1,154 @@
+"""The proxy's HTTP handlers: completions and discovery generated from the dialect registry, the
+pass-through routes, and `/health`, `/metrics`, `/status`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy import __version__
+from proxy.dialects import REGISTRY, Dialect
+from proxy.dialects.base import CompletionRoute, DiscoveryRoute
+from proxy.errors import InvalidRequestError
+from proxy.http.answer import HttpAnswer
+from proxy.http.keys import POLICIES, RECORDED, RECORDS, ROUTES, SERVICE, SETTINGS, TELEMETRY, UPSTREAM
+from proxy.http.middleware import request_id
+from proxy.telemetry import GpuSampler
+from proxy.telemetry.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
+from proxy.upstream.passthrough import relay
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_routes(app: web.Application) -> None:
+    """Every dialect's routes from the registry, then the proxy's own."""
+    owners: dict[str, tuple[Dialect, CompletionRoute | None]] = {}
+    for dialect in REGISTRY:
+        for route in dialect.completions:
+            app.router.add_post(route.path, completion_handler(dialect, route))
+            owners[route.path] = (dialect, route)
+        for discovery in dialect.discovery:
+            app.router.add_route(discovery.method, discovery.path, discovery_handler(discovery))
+            owners[discovery.path] = (dialect, None)
+        for method, path in dialect.passthrough:
+            app.router.add_route(method, path, passthrough)
+            owners[path] = (dialect, None)
+    app[ROUTES] = owners
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/status", status)
+
+
+async def read_json(request: web.Request) -> object:
+    body = await request.read()
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
+
+
+def completion_handler(dialect: Dialect, route: CompletionRoute) -> Handler:
+    """Parse in the dialect, serve through the one service, answer in the dialect's shape."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        normalized = route.parse(await read_json(request), request.headers, request_id(request))
+        answer = HttpAnswer(request, dialect.encoder(normalized))
+        request[RECORDED] = True
+        await request.app[SERVICE].complete(normalized, answer)
+        return answer.result()
+
+    return handle
+
+
+class _Discovery:
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.max_context_tokens = app[SETTINGS].max_context_tokens
+
+    async def model_ids(self) -> list[str]:
+        return await self.app[UPSTREAM].model_ids()
+
+
+def discovery_handler(route: DiscoveryRoute) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await read_json(request) if request.method == "POST" else None
+        answer = await route.answer(_Discovery(request.app), body)
+        return web.json_response(answer, dumps=_dumps)
+
+    return handle
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Forward unchanged and pipe the answer back as it arrives."""
+    body = None
+    if request.method == "POST":
+        await read_json(request)  # bad JSON is our 400, not the upstream's
+        body = await request.read()  # cached by aiohttp
+    content_type = request.headers.get("Content-Type", "application/json")
+    async with relay(request.app[UPSTREAM], request.method, request.path, body, content_type) as answer:
+        out = web.StreamResponse(status=answer.status)
+        out.content_type = answer.content_type
+        if answer.charset:
+            out.charset = answer.charset
+        await out.prepare(request)
+        async for data in answer.body:
+            await out.write(data)
+        await out.write_eof()
+        return out
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+async def health(request: web.Request) -> web.Response:
+    upstream = request.app[UPSTREAM]
+    reachable = await upstream.reachable()
+    body = {
+        "status": "ok" if reachable else "unavailable",
+        "upstream": {"url": upstream.base_url, "reachable": reachable},
+    }
+    return web.json_response(body, status=200 if reachable else 503, dumps=_dumps)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    telemetry = request.app[TELEMETRY]
+    assert telemetry.metrics is not None
+    return web.Response(body=telemetry.metrics.render(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+
+async def status(request: web.Request) -> web.Response:
+    """The live state: settings in force, upstream, per-session admissions, recent requests, VRAM."""
+    app = request.app
+    policies, gpu = app[POLICIES], app[TELEMETRY].gpu
+    recent = list(app[RECORDS])[-20:]
+    body = {
+        "version": __version__,
+        "settings": app[SETTINGS].model_dump(mode="json"),
+        "upstream": {"url": app[UPSTREAM].base_url, "max_concurrency": policies.admission.limit},
+        "inflight": policies.admission.running,
+        "queued": policies.admission.depth,
+        "debouncing": policies.debouncer.held(),
+        "sessions": policies.supersede.sessions(),
+        "recent": [
+            {"id": r.id, "session": r.session, "outcome": r.outcome, "ttft_ms": r.ttft_ms, "total_ms": r.total_ms}
+            for r in recent
+        ],
+        "vram": vram_status(gpu),
+    }
+    return web.json_response(body, dumps=_dumps)
+
+
+def vram_status(gpu: GpuSampler | None) -> dict[str, object]:
+    latest = gpu.latest if gpu is not None and gpu.source == "nvml" else None
+    return {
+        "source": gpu.source if gpu else "none",
+        "reason": gpu.reason if gpu else "no sampler",
+        "used_mib": latest.used_mib if latest else None,
+        "total_mib": latest.total_bytes / 1024**2 if latest else None,
+        "process_mib": latest.process_bytes / 1024**2 if latest and latest.process_bytes is not None else None,
+        "peak_mib": gpu.peak_mib if latest and gpu else None,
+    }

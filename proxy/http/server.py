@@ -1,0 +1,54 @@
+"""Running an app on a socket: `serve_app` (any app, a loopback port by default, for the bench and
+tests too) and `serve` (the proxy in the foreground until SIGINT/SIGTERM).
+
+Shutdown follows aiohttp's order: stop accepting, let in-flight requests finish within
+`shutdown_timeout_s`, cancel the rest, then run the cleanup contexts (upstream session, embedded
+server, request log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.http.app import build_app
+from proxy.http.keys import UPSTREAM
+
+
+@asynccontextmanager
+async def serve_app(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0, shutdown_timeout_s: float = 5.0
+) -> AsyncIterator[str]:
+    """Serve `app` on `host:port` (0: a free port) for the body of the `async with`; yields its URL."""
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout_s, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        bound_host, bound_port = runner.addresses[0][:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        yield f"http://{shown}:{bound_port}"
+    finally:
+        await runner.cleanup()
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set or a termination signal arrives."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    app = build_app(settings)
+    try:
+        async with serve_app(app, settings.listen_host, settings.listen_port, settings.shutdown_timeout_s):
+            upstream = app[UPSTREAM].base_url
+            print(f"mellum-proxy listening on http://{settings.listen} -> upstream {upstream}", flush=True)
+            await stop.wait()
+            print("mellum-proxy: shutting down", flush=True)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

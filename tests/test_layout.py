@@ -1,0 +1,103 @@
+"""The house is one-way: no import circle among the project's modules, and the completion core
+(service, policies, budget, dialects, upstream client) loads no HTTP server code."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("proxy", "bench")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(tree: ast.Module, modules: set[str]) -> set[str]:
+    """Project modules this module imports at module level, `if TYPE_CHECKING:` blocks included (a
+    circle of type-only imports is still a circle for the reader); imports inside functions are the
+    deliberate lazy ones and do not count."""
+    found: set[str] = set()
+    body = list(tree.body)
+    while body:
+        node = body.pop(0)
+        if isinstance(node, ast.If):
+            body.extend(node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            body.extend(node.body)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                target = f"{node.module}.{alias.name}"
+                found.add(target if target in modules else node.module)
+    return found & modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = [path for package in PACKAGES for path in (ROOT / package).rglob("*.py")]
+    modules = {_module_name(path): path for path in files}
+    return {name: _imports(ast.parse(path.read_text()), set(modules)) - {name} for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_circle() -> None:
+    graph = import_graph()
+    assert "proxy.completion" in graph and "proxy.http.app" in graph  # the graph is really read
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _loaded(statement: str) -> list[str]:
+    code = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return result.stdout.split()
+
+
+def test_the_upstream_client_loads_no_budget() -> None:
+    loaded = _loaded("import proxy.upstream")
+    assert "proxy.upstream.client" in loaded
+    assert [m for m in loaded if m.startswith("proxy.budget")] == []
+
+
+@pytest.mark.parametrize("module", ["proxy.completion", "proxy.dialects", "proxy.policies", "proxy.budget"])
+def test_the_core_loads_no_http_server(module: str) -> None:
+    loaded = _loaded(f"import {module}")
+    assert module in loaded
+    assert "aiohttp.web" not in loaded and "proxy.http" not in loaded
+
+
+def test_the_cli_loads_no_bench_until_asked() -> None:
+    loaded = _loaded("import proxy.cli; proxy.cli.build_parser()")
+    assert [m for m in loaded if m == "bench" or m.startswith("bench.")] == []

@@ -1,0 +1,61 @@
+"""The upstream event-stream reader on its own: lines in, chunks out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from proxy.dialects.openai import DONE, sse, text_completion
+from proxy.errors import UpstreamProtocolError, UpstreamStatusError
+from proxy.models import Chunk
+from proxy.upstream.sse import read_sse
+
+
+async def lines(*items: bytes) -> AsyncIterator[bytes]:
+    for item in items:
+        for line in item.splitlines(keepends=True):
+            yield line
+
+
+async def read(*items: bytes) -> list[Chunk]:
+    return [chunk async for chunk in read_sse(lines(*items))]
+
+
+async def test_events_become_chunks_and_done_ends_the_stream() -> None:
+    usage = {"prompt_tokens": 3, "completion_tokens": 2}
+    chunks = await read(
+        sse(text_completion("c1", 7, "m", "def", None)),
+        sse(text_completion("c1", 7, "m", " f", "length", usage)),
+        DONE,
+        sse(text_completion("c1", 7, "m", "after done", None)),
+    )
+    assert [c.text for c in chunks] == ["def", " f"]
+    assert chunks[1].finish_reason == "length" and chunks[1].usage == usage
+    assert chunks[0].model == "m" and chunks[0].created == 7 and chunks[0].upstream_id == "c1"
+
+
+async def test_comments_keepalives_and_event_lines_are_skipped() -> None:
+    chunks = await read(b": keep-alive\n\n", b"event: completion\n", sse(text_completion("c", 1, "m", "x", None)))
+    assert [c.text for c in chunks] == ["x"]
+
+
+async def test_a_stream_without_done_ends_with_its_lines() -> None:
+    assert [c.text for c in await read(sse(text_completion("c", 1, "m", "x", None)))] == ["x"]
+
+
+async def test_missing_or_odd_choices_give_an_empty_chunk() -> None:
+    chunks = await read(b'data: {"choices": []}\n\n', b'data: {"choices": ["x"], "usage": {"a": 1}}\n\n')
+    assert [(c.text, c.usage) for c in chunks] == [("", None), ("", {"a": 1})]
+
+
+@pytest.mark.parametrize("event", [b"data: {not json\n\n", b"data: [1, 2]\n\n"])
+async def test_unreadable_events_are_protocol_errors(event: bytes) -> None:
+    with pytest.raises(UpstreamProtocolError):
+        await read(event)
+
+
+async def test_an_error_event_is_the_servers_error() -> None:
+    with pytest.raises(UpstreamStatusError) as caught:
+        await read(b'data: {"error": {"message": "decode failed", "type": "server_error"}}\n\n')
+    assert caught.value.status == 500 and caught.value.message == "decode failed"
