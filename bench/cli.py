@@ -89,12 +89,42 @@ def build_parser() -> Parser:
     merged.add_argument("--out", type=Path, required=True)
     merged.add_argument("--only", help="comma-separated policy names to keep [default: all]")
 
+    overhead = sub.add_parser("overhead", help="what the proxy adds per request: direct, a bare relay, the proxy")
+    overhead.add_argument("--requests", type=_positive, default=500, help="per path and round [default: 500]")
+    overhead.add_argument("--rounds", type=_positive, default=3, help="interleaved rounds [default: 3]")
+    overhead.add_argument("--tokens", type=_positive, default=16, help="streamed tokens per request [default: 16]")
+    overhead.add_argument("--out", type=Path, default=Path("bench/out/overhead"))
+
     synth = sub.add_parser("synth", help="a seeded synthetic trace typing a source file")
     synth.add_argument("source", type=Path)
     synth.add_argument("--out", type=Path, required=True)
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--limit-chars", type=int)
     return bench
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _overhead(args: argparse.Namespace) -> None:
+    from bench import overhead
+
+    result = asyncio.run(overhead.measure(args.requests, args.rounds, args.tokens, progress=print))
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "overhead.json").write_text(orjson_dumps(result | {"command": _command()}))
+        (args.out / "overhead.md").write_text(overhead.render(result, _command()))
+    except OSError as exc:
+        fail(f"cannot write {args.out}: {exc.strerror}")
+    print(overhead.render(result, _command()), end="")
+    print(f"wrote {args.out}/overhead.md and overhead.json")
 
 
 def main(argv: list[str]) -> None:
@@ -104,7 +134,7 @@ def main(argv: list[str]) -> None:
 
 def run(args: argparse.Namespace) -> None:
     handlers = {"replay": _replay, "convert": _convert, "synth": _synth, "ladder": _ladder, "quality": _quality,
-                "report": _report}  # fmt: skip
+                "report": _report, "overhead": _overhead}  # fmt: skip
     handlers[args.bench_command](args)
 
 

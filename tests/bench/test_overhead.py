@@ -1,0 +1,43 @@
+"""`bench overhead`: the three paths really carry completions, and the report has every round."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench.overhead import measure, render
+from proxy.cli import main
+
+
+async def test_every_round_measures_the_bare_relay_and_the_proxy() -> None:
+    lines: list[str] = []
+    result = await measure(requests=5, rounds=2, tokens=4, progress=lines.append)
+    assert [row["round"] for row in result["rows"]] == [1, 2] and len(lines) == 2
+    for row in result["rows"]:
+        assert row["direct"]["ttft_p50_ms"] > 0
+        for path in ("bare", "proxy"):
+            assert set(row[path]) == {"added_ttft_p50_ms", "added_total_p50_ms", "added_ttft_p95_ms",
+                                      "cpu_ms_per_request"}  # fmt: skip
+    assert set(result["summary"]) == {"proxy_over_bare_added_ttft_p50_ms", "proxy_over_bare_added_total_p50_ms",
+                                      "proxy_over_bare_cpu_ms_per_request"}  # fmt: skip
+    report = render(result, "mellum-proxy bench overhead")
+    assert report.count("| proxy |") == 2 and report.count("| bare |") == 2
+
+
+def test_cli_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["bench", "overhead", "--requests", "3", "--rounds", "1", "--tokens", "2", "--out", str(tmp_path)])
+    data = orjson.loads((tmp_path / "overhead.json").read_bytes())
+    assert data["requests"] == 3 and len(data["rows"]) == 1
+    assert "# Relay overhead" in (tmp_path / "overhead.md").read_text()
+    assert "round 1:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["--requests", "--rounds", "--tokens"])
+def test_impossible_numbers_are_one_line_and_exit_2(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["bench", "overhead", flag, "0"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "must be at least 1" in err[-1]
