@@ -19,7 +19,6 @@ class HttpAnswer:
     def __init__(self, http_request: web.Request, encoder: Encoder) -> None:
         self.http_request = http_request
         self.encoder = encoder
-        self.stream = encoder.request.stream
         self.response: web.StreamResponse | None = None
         self.error: ProxyError | None = None
 
@@ -34,12 +33,12 @@ class HttpAnswer:
         return self.response
 
     async def send(self, completion: Completion, chunk: Chunk) -> None:
-        if self.stream:
+        if self.encoder.request.stream:
             response = await self._start(None)
             await response.write(self.encoder.event(completion, chunk))
 
     async def finish(self, completion: Completion, outcome: Outcome) -> None:
-        if not self.stream:
+        if not self.encoder.request.stream:
             self.response = web.Response(
                 body=self.encoder.body(completion, outcome),
                 content_type="application/json",

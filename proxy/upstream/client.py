@@ -23,7 +23,7 @@ from proxy.upstream.sse import read_sse
 _JSON = {"Content-Type": "application/json"}
 
 
-def completion_payload(request: NormalizedRequest, prompt: BudgetedPrompt) -> dict[str, Any]:
+def _payload(request: NormalizedRequest, prompt: BudgetedPrompt) -> dict[str, Any]:
     """The OpenAI `/v1/completions` body for a request fitted to the budget (always streamed)."""
     payload: dict[str, Any] = dict(request.params)
     payload["prompt"] = prompt.prompt
@@ -88,22 +88,18 @@ class UpstreamClient:
         Raises:
             UpstreamError: the upstream is unreachable, answered an error, or sent garbage.
         """
-        body = orjson.dumps(completion_payload(request, prompt))
+        body = orjson.dumps(_payload(request, prompt))
         async with self.open("POST", "/v1/completions", body) as resp:
             async for chunk in read_sse(resp.content):
                 yield chunk
 
-    async def tokenize(self, body: dict[str, Any]) -> Any:
+    async def tokenize(self, body: dict[str, Any], timeout_s: float = 5.0) -> Any:
         """llama.cpp `POST /tokenize` (the context budget's exact tokenizer)."""
-        return await self.post_json("/tokenize", body)
+        return await self._json("POST", "/tokenize", body, timeout_s)
 
     async def get_json(self, path: str, timeout_s: float = 2.0) -> Any:
         """GET a JSON document from the upstream (used for /props, /slots)."""
         return await self._json("GET", path, None, timeout_s)
-
-    async def post_json(self, path: str, body: Any, timeout_s: float = 5.0) -> Any:
-        """POST a JSON body and read a JSON answer."""
-        return await self._json("POST", path, body, timeout_s)
 
     async def _json(self, method: str, path: str, body: Any, timeout_s: float) -> Any:
         data = None if body is None else orjson.dumps(body)
