@@ -10,7 +10,7 @@ the edge (`proxy.http`) adapts the `Answer` protocol to a response.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,9 +24,14 @@ from proxy.telemetry import RequestRecord, Telemetry
 
 
 class CompletionSource(Protocol):
-    """The one thing the service needs from a model server (`UpstreamClient` in production)."""
+    """The one thing the service needs from a model server (`UpstreamClient` in production).
 
-    def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[Chunk]: ...
+    It yields the completion in batches: the chunks that arrived together (one network read).
+    """
+
+    def stream_completion(
+        self, request: NormalizedRequest, prompt: BudgetedPrompt
+    ) -> AsyncIterator[Sequence[Chunk]]: ...
 
 
 @dataclass(slots=True)
@@ -136,14 +141,17 @@ class CompletionService:
         deadline: Deadline | None,
     ) -> None:
         record.reached_upstream = True
-        async with aclosing(self.upstream.stream_completion(request, prompt)) as chunks:
-            async for chunk in chunks:
-                if chunk.text and record.ttft_ms is None:
+        async with aclosing(self.upstream.stream_completion(request, prompt)) as batches:
+            async for batch in batches:
+                has_text = False
+                for chunk in batch:
+                    completion.add(chunk)
+                    has_text = has_text or chunk.has_text
+                if has_text and record.ttft_ms is None:
                     self.telemetry.first_token(record)
                     if ticket is not None and deadline is not None:
                         ticket.scope.deadline = deadline.total  # the first-token deadline is met
-                completion.add(chunk)
-                await answer.send(completion, chunk)
+                await answer.send(completion, batch)
         record.upstream_status = 200
         prompt_tokens = (completion.usage or {}).get("prompt_tokens")
         if isinstance(prompt_tokens, int):

@@ -7,8 +7,11 @@ upstream client only ever see this object, never a wire format.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
 
 if TYPE_CHECKING:
     from proxy.errors import ProxyError
@@ -69,36 +72,92 @@ class NormalizedRequest:
         return self.max_tokens == 0
 
 
-@dataclass(frozen=True, slots=True)
 class Chunk:
-    """One streamed piece of an upstream completion."""
+    """One streamed piece of an upstream completion.
 
-    text: str
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None
-    model: str | None = None
-    created: int | None = None
-    upstream_id: str | None = None
+    `raw` is its event's JSON as the upstream sent it (an OpenAI `text_completion` event). A plain
+    text event (no finish reason, usage or error) may arrive unparsed (`text=None`): its text is read
+    from `raw` only when someone asks, so a dialect that passes the event on as it came never parses it.
+    """
+
+    __slots__ = ("_text", "created", "finish_reason", "model", "raw", "timings", "upstream_id", "usage")
+
+    def __init__(
+        self,
+        text: str | None = "",
+        finish_reason: str | None = None,
+        usage: dict[str, Any] | None = None,
+        timings: dict[str, Any] | None = None,
+        model: str | None = None,
+        created: int | None = None,
+        upstream_id: str | None = None,
+        raw: bytes | None = None,
+    ) -> None:
+        self._text = text
+        self.finish_reason = finish_reason
+        self.usage = usage
+        self.timings = timings
+        self.model = model
+        self.created = created
+        self.upstream_id = upstream_id
+        self.raw = raw
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = _event_text(self.raw or b"")
+        return self._text
+
+    @property
+    def has_text(self) -> bool:
+        """Whether the chunk carries text, without parsing an unparsed one (`"text":""` cannot occur
+        inside a JSON string, where quotes are escaped)."""
+        if self._text is None:
+            return b'"text":""' not in (self.raw or b"")
+        return bool(self._text)
+
+    def __repr__(self) -> str:
+        return f"Chunk(text={self._text!r}, finish_reason={self.finish_reason!r}, raw={len(self.raw or b'')} bytes)"
+
+
+def _event_text(raw: bytes) -> str:
+    """The first choice's text of an OpenAI event; "" when it has none (never raises: the event has
+    already been passed on)."""
+    try:
+        text = orjson.loads(raw)["choices"][0]["text"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return ""
+    return text if isinstance(text, str) else ""
 
 
 @dataclass(slots=True)
 class Completion:
-    """What the upstream produced for one request so far (aggregated from chunks)."""
+    """What the upstream produced for one request so far (aggregated from chunks).
+
+    `text` is joined from the chunks when asked for, so unparsed chunks stay unparsed until then.
+    """
 
     id: str
     model: str = ""
     created: int = 0
-    text: str = ""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     chunks: int = 0
     truncated: bool = False  # the context budget cut the prompt
+    upstream_id: str | None = None  # the upstream's own id for it, if it gave one
+    _pieces: list[Chunk] = field(default_factory=list, repr=False)
+
+    @property
+    def text(self) -> str:
+        pieces = self._pieces
+        if len(pieces) > 1:
+            self._pieces = pieces = [Chunk("".join([chunk.text for chunk in pieces]))]
+        return pieces[0].text if pieces else ""
 
     def add(self, chunk: Chunk) -> None:
         """Fold one chunk into the aggregate."""
-        self.text += chunk.text
+        self._pieces.append(chunk)
         self.chunks += 1
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason
@@ -106,8 +165,12 @@ class Completion:
             self.usage = chunk.usage
         if chunk.timings is not None:
             self.timings = chunk.timings
-        self.model = self.model or chunk.model or ""
-        self.created = self.created or chunk.created or 0
+        if not self.model and chunk.model:
+            self.model = chunk.model
+        if not self.created and chunk.created:
+            self.created = chunk.created
+        if self.upstream_id is None:
+            self.upstream_id = chunk.upstream_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +190,12 @@ class BudgetedPrompt:
 class Answer(Protocol):
     """Where the completion service sends one request's answer; the HTTP edge implements it.
 
-    The service calls `send` for each upstream chunk as it arrives, then exactly one of `finish`
-    (with the outcome) or `fail` (with the error).
+    The service calls `send` with each batch of upstream chunks as it arrives (one network read's
+    worth, already folded into `completion`), then exactly one of `finish` (with the outcome) or
+    `fail` (with the error).
     """
 
-    async def send(self, completion: Completion, chunk: Chunk) -> None: ...
+    async def send(self, completion: Completion, chunks: Sequence[Chunk]) -> None: ...
 
     async def finish(self, completion: Completion, outcome: Outcome) -> None: ...
 

@@ -6,7 +6,9 @@ need goes to the other. Whole lines are dropped from the far end of the prefix a
 window edges move on a grid of `step_lines` lines, so consecutive keystrokes send the same start of
 prompt and the server's prompt cache keeps matching. Only a single line larger than its budget is cut
 inside, at a token boundary (never inside a character or a special token). With an exact tokenizer the
-rendered prompt is counted once more and shrunk until it fits.
+rendered prompt is counted once more and shrunk until it fits. A prompt whose UTF-8 length (plus
+`SLACK_TOKENS`) is within the budget fits whatever the tokenizer, so it is sent whole and not counted
+(the record's `tokenizer` says `bytes`, its token fields hold that upper bound).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ log = logging.getLogger("mellum_proxy.budget")
 
 PRECUT_CHARS_PER_TOKEN = 6  # code averages 3-4 characters a token; text beyond this is never tokenized
 MAX_SHRINK_ROUNDS = 8
+SLACK_TOKENS = 8  # what a server may add to a prompt's own tokens (BOS, EOS, a leading space, FIM markers)
+BOUND_METHOD = "bytes"  # the record's `tokenizer` when the prompt fitted by its length, uncounted
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,14 @@ class ContextBudget:
         context_limit = min(settings.max_context_tokens, request.context_tokens or settings.max_context_tokens)
         prompt_budget = max(1, context_limit - max_tokens)
         parts, template, suffix_field = self._parts(request)
+        small = _fits_by_length(template, parts, prompt_budget, suffix_field)
+        if small is not None:
+            prompt, bound = small
+            return BudgetedPrompt(
+                prompt=prompt, suffix=parts.suffix if suffix_field else None, max_tokens=max_tokens,
+                stops=template.stops if template else (), tokens_before=bound, tokens_after=bound, truncated=False,
+                method=BOUND_METHOD,
+            )  # fmt: skip
         overhead = await self._overhead(template, parts.path, counter)
         available = max(0, prompt_budget - overhead)
         prefix_lines, suffix_lines = parts.prefix.splitlines(keepends=True), parts.suffix.splitlines(keepends=True)
@@ -146,6 +158,26 @@ class ContextBudget:
             kept = _precut(lines, limit, step, from_end)
         counts, offsets = await _count_lines("".join(kept), counter, kept)
         return _Side(kept, counts, offsets, sum(map(len, lines)) - sum(map(len, kept)))
+
+
+def _fits_by_length(
+    template: FimTemplate | None, parts: FimParts, budget: int, suffix_field: bool
+) -> tuple[str, int] | None:
+    """The whole prompt and its token bound, when its UTF-8 length alone proves it fits.
+
+    No tokenizer makes more tokens than the text has bytes (every token covers at least one byte,
+    a special token many), plus the few the server adds (BOS, EOS, a SentencePiece space, the FIM
+    markers of template `none`): `SLACK_TOKENS`. Characters bound bytes from below, so a long prompt
+    is turned away before it is encoded.
+    """
+    room = budget - SLACK_TOKENS
+    if len(parts.prefix) + len(parts.suffix) + len(parts.context) + 64 > room:
+        return None
+    prompt = _render(template, parts)
+    size = len(prompt.encode()) + (len(parts.suffix.encode()) if suffix_field else 0)
+    if size > room:
+        return None
+    return prompt, size + SLACK_TOKENS
 
 
 def _context_files(template: FimTemplate | None, files: tuple[tuple[str, str], ...]) -> str:

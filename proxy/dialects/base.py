@@ -8,7 +8,7 @@ from the registry in `proxy.dialects`; nothing here knows about HTTP servers.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -104,6 +104,12 @@ class Encoder:
         if chunk.finish_reason is not None:
             return self.frame(self.final(completion, Outcome.OK, chunk.text))
         return self.frame(self.partial(completion, chunk))
+
+    def events(self, completion: Completion, chunks: Sequence[Chunk]) -> bytes:
+        """A batch of chunks as one write."""
+        if len(chunks) == 1:
+            return self.event(completion, chunks[0])
+        return b"".join([self.event(completion, chunk) for chunk in chunks])
 
     def closing(self, completion: Completion, outcome: Outcome) -> bytes:
         """What ends a started stream: the final event when the upstream sent none, then the end marker."""

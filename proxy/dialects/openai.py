@@ -90,16 +90,26 @@ def sse(payload: Any) -> bytes:
 
 
 class CompletionEncoder(Encoder):
-    """SSE `text_completion` events then `[DONE]` for `stream: true`, else one JSON body."""
+    """SSE `text_completion` events then `[DONE]` for `stream: true`, else one JSON body.
+
+    The upstream speaks this dialect, so its plain text events go to the client as they came; only
+    the events that end the answer (finish reason, usage) are written by the proxy.
+    """
 
     end_of_stream = DONE
 
     def frame(self, payload: Any) -> bytes:
         return sse(payload)
 
+    def event(self, completion: Completion, chunk: Chunk) -> bytes:
+        if chunk.raw is not None and chunk.finish_reason is None and chunk.usage is None:
+            return b"data: " + chunk.raw + b"\n\n"  # a plain text event: already in the client's shape
+        return super().event(completion, chunk)
+
     def _object(self, completion: Completion, text: str, finish: str | None, usage: Any) -> dict[str, Any]:
         created = completion.created or int(time.time())
-        return text_completion(completion.id, created, completion.model, text, finish, usage)
+        ident = completion.upstream_id or completion.id  # the events passed through carry the upstream's
+        return text_completion(ident, created, completion.model, text, finish, usage)
 
     def partial(self, completion: Completion, chunk: Chunk) -> dict[str, Any]:
         return self._object(completion, chunk.text, None, chunk.usage)

@@ -8,6 +8,8 @@ dialect; once the stream has started the status cannot change, and the encoder e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aiohttp import web
 
 from proxy.dialects.base import OUTCOME_HEADER, Encoder
@@ -32,10 +34,10 @@ class HttpAnswer:
             self.response = response
         return self.response
 
-    async def send(self, completion: Completion, chunk: Chunk) -> None:
+    async def send(self, completion: Completion, chunks: Sequence[Chunk]) -> None:
         if self.encoder.request.stream:
-            response = await self._start(None)
-            await response.write(self.encoder.event(completion, chunk))
+            response = self.response or await self._start(None)
+            await response.write(self.encoder.events(completion, chunks))
 
     async def finish(self, completion: Completion, outcome: Outcome) -> None:
         if not self.encoder.request.stream:
@@ -46,15 +48,13 @@ class HttpAnswer:
             )
             return
         response = await self._start(outcome)
-        await response.write(self.encoder.closing(completion, outcome))
-        await response.write_eof()
+        await response.write_eof(self.encoder.closing(completion, outcome))  # one write with the chunked end
 
     async def fail(self, error: ProxyError) -> None:
         if self.response is None:
             self.error = error
             return
-        await self.response.write(self.encoder.failing(error))
-        await self.response.write_eof()
+        await self.response.write_eof(self.encoder.failing(error))
 
     def result(self) -> web.StreamResponse:
         """The response to return from the handler; an early error is raised for the middleware."""

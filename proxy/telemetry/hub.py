@@ -34,7 +34,8 @@ class Telemetry:
         self.clock = clock
 
     def start(self, request: NormalizedRequest) -> RequestRecord:
-        record = RequestRecord.start(request, self.clock.now(), self.clock.unix(), self.log_content)
+        clock = self.clock
+        record = RequestRecord.start(request, clock.now(), clock.unix(), self.log_content, self.log is not None)
         if self.recorder is not None:
             self.recorder.put(arrival(request, record.received_at, self.log_content))
         if self.gpu is not None:

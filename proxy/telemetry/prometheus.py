@@ -49,8 +49,8 @@ class ProxyMetrics:
         self.requests = Counter(
             "mellum_proxy_requests", "Client completion requests by outcome.", ["outcome"], registry=r
         )
-        for outcome in Outcome:
-            self.requests.labels(outcome.value)  # every outcome is visible from the start, at 0
+        # every outcome is visible from the start, at 0; the children are looked up once
+        self._by_outcome = {outcome: self.requests.labels(outcome.value) for outcome in Outcome}
         Gauge("mellum_proxy_inflight_requests", "Requests upstream now.", registry=r).set_function(inflight)
         Gauge("mellum_proxy_queued_requests", "Requests waiting for a slot.", registry=r).set_function(queued)
         Gauge("mellum_proxy_gpu_memory_used_bytes", "GPU memory used (NaN without NVML).", registry=r).set_function(
@@ -61,7 +61,7 @@ class ProxyMetrics:
         )
 
     def observe(self, record: RequestRecord) -> None:
-        self.requests.labels((record.outcome or Outcome.CLIENT_GONE).value).inc()
+        self._by_outcome[record.outcome or Outcome.CLIENT_GONE].inc()
         if record.ttft_ms is not None:
             self.ttft.observe(record.ttft_ms / 1000)
         if record.total_ms is not None:

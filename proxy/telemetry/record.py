@@ -1,7 +1,8 @@
 """`RequestRecord`: the facts of one client request, filled in as it goes and closed in `finally`.
 
 Field names are stable (they are the request log's columns; see the README). No source text is
-kept unless the user asked for it (`--log-content`): lengths and `prompt_sha256` instead.
+kept unless the user asked for it (`--log-content`): lengths and `prompt_sha256` instead (hashed
+only when the record is written to a log; without `--log` nothing reads it).
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ class RequestRecord:
     content: dict[str, str | None] | None = None  # only with --log-content
 
     @classmethod
-    def start(cls, request: NormalizedRequest, now: float, unix: float, log_content: bool = False) -> RequestRecord:
+    def start(
+        cls, request: NormalizedRequest, now: float, unix: float, log_content: bool = False, digest: bool = True
+    ) -> RequestRecord:
+        """A record at arrival; `digest`: hash the prompt (only worth it when the record is logged)."""
         return cls(
             id=request.id,
             session=request.session,
@@ -66,7 +70,7 @@ class RequestRecord:
             started=now,
             prompt_chars=len(request.prefix),
             suffix_chars=len(request.suffix or ""),
-            prompt_sha256=prompt_digest(request),
+            prompt_sha256=prompt_digest(request) if digest else "",
             max_tokens=request.max_tokens,
             content={"prompt": request.prefix, "suffix": request.suffix} if log_content else None,
         )

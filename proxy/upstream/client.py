@@ -8,6 +8,7 @@ response is `close()`d, not released, so the socket drops and llama.cpp / vLLM a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,9 +19,10 @@ import orjson
 from proxy.errors import UpstreamProtocolError
 from proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
 from proxy.upstream.errors import status_error, translate_errors
-from proxy.upstream.sse import read_sse
+from proxy.upstream.sse import chunk_from_bytes, read_sse
 
 _JSON = {"Content-Type": "application/json"}
+DRAIN_S = 0.05
 
 
 def _payload(request: NormalizedRequest, prompt: BudgetedPrompt) -> dict[str, Any]:
@@ -39,6 +41,20 @@ def _payload(request: NormalizedRequest, prompt: BudgetedPrompt) -> dict[str, An
     options.setdefault("include_usage", True)  # vLLM reports usage in streams only when asked
     payload["stream_options"] = options
     return payload
+
+
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    """Read what follows `[DONE]` (the end of the chunked body), so the connection goes back to the pool.
+
+    A server that keeps the stream open after `[DONE]` gets its socket dropped instead.
+    """
+    if resp.content.at_eof():
+        return
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            await resp.read()
+    except TimeoutError:
+        resp.close()
 
 
 class UpstreamClient:
@@ -73,25 +89,46 @@ class UpstreamClient:
         if limit is not None:
             options["timeout"] = limit
         with translate_errors(url):
-            async with self.session.request(method, url, **options) as resp:
-                try:
-                    if resp.status >= 400:
-                        raise status_error(resp.status, await resp.read())
-                    yield resp
-                except BaseException:
-                    resp.close()  # drop the socket: the server stops prefill/decoding
-                    raise
+            resp = await self._send(method, url, options)
+            try:
+                if resp.status >= 400:
+                    raise status_error(resp.status, await resp.read())
+                yield resp
+            except BaseException:
+                resp.close()  # drop the socket: the server stops prefill/decoding
+                raise
+            finally:
+                resp.release()
 
-    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[Chunk]:
-        """POST `/v1/completions` for `request` fitted to `prompt`, and yield its chunks as they arrive.
+    async def _send(self, method: str, url: str, options: dict[str, Any]) -> aiohttp.ClientResponse:
+        """Send the request; once more on a fresh connection when a pooled one turns out closed.
+
+        llama.cpp closes the connection after a streamed answer; a request sent on it before the
+        close is noticed fails before the server has read it, so sending it again is safe.
+        """
+        try:
+            return await self.session.request(method, url, **options)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                raise  # a fresh connection failed: nothing was stale
+            return await self.session.request(method, url, **options)
+
+    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[list[Chunk]]:
+        """POST `/v1/completions` for `request` fitted to `prompt`; yield its chunks a network read at a time.
+
+        An upstream that ignores `stream: true` and answers one JSON body gives one batch.
 
         Raises:
             UpstreamError: the upstream is unreachable, answered an error, or sent garbage.
         """
         body = orjson.dumps(_payload(request, prompt))
         async with self.open("POST", "/v1/completions", body) as resp:
-            async for chunk in read_sse(resp.content):
-                yield chunk
+            if resp.content_type == "application/json":
+                yield [chunk_from_bytes(await resp.read())]
+                return
+            async for batch in read_sse(resp.content.iter_any()):
+                yield batch
+            await _drain(resp)
 
     async def tokenize(self, body: dict[str, Any], timeout_s: float = 5.0) -> Any:
         """llama.cpp `POST /tokenize` (the context budget's exact tokenizer)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.http import RECORDS
+from proxy.http import RECORDS, SERVICE
 from proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory, corpus_texts
 
@@ -33,9 +33,22 @@ async def test_server_counts_no_more_than_the_budget(
 
 
 async def test_auto_picks_the_upstream_tokenizer(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> None:
-    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0)
-    await (await proxy.post("/v1/completions", json={"prompt": "x = ", "max_tokens": 2})).json()
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, max_context_tokens=64)
+    await (await proxy.post("/v1/completions", json={"prompt": TEXT[:2000], "max_tokens": 2})).json()
+    assert proxy.app[SERVICE].budget.counter.method == "upstream"
     assert proxy.app[RECORDS].last().tokenizer == "upstream"
+
+
+async def test_a_prompt_that_fits_by_its_length_is_sent_whole_and_uncounted(
+    make_proxy: ProxyFactory, embedded_server: EmbeddedServer
+) -> None:
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, max_context_tokens=400)
+    prefix, suffix = TEXT[:150], TEXT[150:300]
+    body = {"prompt": prefix, "suffix": suffix, "max_tokens": 4, "temperature": 0}
+    usage = (await (await proxy.post("/v1/completions", json=body)).json())["usage"]
+    record = proxy.app[RECORDS].last()
+    assert record.tokenizer == "bytes" and record.truncated is False
+    assert usage["prompt_tokens"] <= record.prompt_tokens_after <= 400 - 4  # a true bound, within the budget
 
 
 async def test_cursor_in_a_comment_is_skipped(make_proxy: ProxyFactory, fake_upstream: object) -> None:

@@ -11,7 +11,7 @@ never debounced or cancelled; nothing (task, upstream stream, queue place, held 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,15 +36,15 @@ class MemoryUpstream:
         self.opened = 0
         self.closed = 0
 
-    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[Chunk]:
+    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[list[Chunk]]:
         self.opened += 1
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
             for _ in range(prompt.max_tokens):
                 await asyncio.sleep(0.001)
-                yield Chunk(text="x")
-            yield Chunk(text="", finish_reason="length")
+                yield [Chunk(text="x")]
+            yield [Chunk(text="", finish_reason="length")]
         finally:
             self.active -= 1
             self.closed += 1
@@ -57,8 +57,8 @@ class RecordingAnswer:
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     sent: str = ""
 
-    async def send(self, completion: Completion, chunk: Chunk) -> None:
-        self.sent += chunk.text
+    async def send(self, completion: Completion, chunks: Sequence[Chunk]) -> None:
+        self.sent += "".join(chunk.text for chunk in chunks)
 
     async def finish(self, completion: Completion, outcome: Outcome) -> None:
         self.calls.append(("finish", outcome, completion.text))

@@ -1,0 +1,67 @@
+"""The upstream client's connection handling and the relay's pass-through, against real servers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from proxy.dialects.openai import DONE, sse, text_completion
+from proxy.models import BudgetedPrompt, NormalizedRequest
+from proxy.upstream.client import UpstreamClient
+from proxy.upstream.embedded import EmbeddedServer
+from tests.conftest import ProxyFactory
+
+REQUEST = NormalizedRequest(id="r", dialect="openai", session="s", prefix="def fib(n):", max_tokens=4)
+PROMPT = BudgetedPrompt("def fib(n):", None, 4, (), 8, 8, False, "bytes")
+
+
+def counting_session() -> tuple[aiohttp.ClientSession, list[int]]:
+    """A session that counts the TCP connections it opens."""
+    opened: list[int] = []
+    trace = aiohttp.TraceConfig()
+
+    async def on_create(*_: Any) -> None:
+        opened.append(1)
+
+    trace.on_connection_create_end.append(on_create)
+    return aiohttp.ClientSession(trace_configs=[trace]), opened
+
+
+async def texts(upstream: UpstreamClient) -> str:
+    return "".join([chunk.text async for batch in upstream.stream_completion(REQUEST, PROMPT) for chunk in batch])
+
+
+async def test_a_finished_stream_gives_its_connection_back(fake_upstream: Any) -> None:
+    _, url = await fake_upstream(tokens=3)
+    session, opened = counting_session()
+    async with session:
+        upstream = UpstreamClient(session, url)
+        assert [await texts(upstream) for _ in range(3)] == ["t0 t1 t2 "] * 3
+    assert len(opened) == 1  # the end of the chunked body was read after [DONE], so the socket was reused
+
+
+@pytest.mark.embedded
+async def test_back_to_back_streams_survive_llama_cpp_closing_the_connection(embedded_server: EmbeddedServer) -> None:
+    """llama.cpp closes the connection after a streamed answer; the next request, sent at once on
+    the pooled socket, is sent again on a fresh one instead of failing with 502."""
+    async with aiohttp.ClientSession() as session:
+        upstream = UpstreamClient(session, embedded_server.url)
+        results = [await texts(upstream) for _ in range(4)]
+    assert all(results)
+
+
+async def test_the_client_sees_the_upstreams_text_events_unchanged(
+    make_proxy: ProxyFactory, fake_upstream: Any
+) -> None:
+    fake, url = await fake_upstream(tokens=3)
+    proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=0, tokenizer="chars")
+    resp = await proxy.post("/v1/completions", json={"prompt": "x = ", "max_tokens": 3, "stream": True})
+    events = [event + b"\n\n" for event in (await resp.read()).split(b"\n\n") if event]
+    created = orjson.loads(events[0][6:])["created"]
+    assert events[:3] == [sse(text_completion("fake-1", created, "fake", f"t{i} ", None)) for i in range(3)]
+    final = orjson.loads(events[3][6:])
+    assert final["id"] == "fake-1" and final["choices"][0]["finish_reason"] == "length"  # the upstream's id
+    assert events[4:] == [DONE] and fake.completed == 1
