@@ -70,7 +70,9 @@ class Settings(BaseSettings):
     max_tokens: int = Field(128, ge=1, description="Cap on the tokens a client may ask for.")
     prefix_ratio: float = Field(0.75, ge=0, le=1, description="Share of the prompt budget before the cursor.")
     context_step_lines: int = Field(16, ge=1, description="Window edges move in blocks of this many lines.")
-    tokenizer: str = Field("auto", description="tokenizer.json path, 'upstream', 'chars' or 'auto'.")
+    tokenizer: str = Field(
+        "auto", description="'auto', 'upstream', 'chars', or a tokenizer.json, a .gguf or a model directory."
+    )
     fim_template: str = Field("mellum", description="mellum|starcoder|codellama|deepseek|qwen|none|custom.")
     complete_in_comments: bool = Field(True, description="Complete when the cursor is in a comment/string.")
 
@@ -97,8 +99,8 @@ class Settings(BaseSettings):
         if value in ("auto", "upstream", "chars"):
             return value
         path = Path(value).expanduser()
-        if not path.is_file():
-            raise ValueError("expected auto, upstream, chars or the path of an existing tokenizer.json")
+        if not path.exists():
+            raise ValueError("expected auto, upstream, chars, or a path: tokenizer.json, .gguf or model directory")
         return str(path)
 
     @field_validator("fim_template")

@@ -12,10 +12,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from bench.corpus import CODE_DIR, code_texts, train_bpe
+from proxy.budget.local import load_local
 from proxy.config import Settings
 from proxy.http import GPU_OPENER, build_app
-from proxy.upstream.embedded import EmbeddedServer
+from proxy.upstream.embedded import EmbeddedServer, packaged_model
 
+# Kept between runs (git ignores it): building the packaged GGUF's tokenizer takes ~10 s the first time.
+CACHE = Path(__file__).resolve().parent.parent / ".pytest_cache" / "mellum-proxy-cache"
 ProxyFactory = Callable[..., Awaitable[TestClient[Any, web.Application]]]
 
 
@@ -26,6 +29,7 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
         if key.startswith("MELLUM_PROXY_"):
             monkeypatch.delenv(key)
     monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(CACHE))  # the GGUF tokenizer is built once, not in every test
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +37,9 @@ def embedded_server() -> Iterator[EmbeddedServer]:
     """gemma-3-270m in llama.cpp, 2 slots of 2048 tokens: the real upstream of the suite."""
     server = EmbeddedServer(ctx_tokens=4096, slots=2)
     server.start()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("XDG_CACHE_HOME", str(CACHE))
+        load_local(packaged_model())  # the model's own tokenizer, built before any proxy looks for it
     yield server
     server.stop()
 

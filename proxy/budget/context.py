@@ -5,16 +5,27 @@ template's own tokens) is split between prefix and suffix by `prefix_ratio`; bud
 need goes to the other. Whole lines are dropped from the far end of the prefix and of the suffix. The
 window edges move on a grid of `step_lines` lines, so consecutive keystrokes send the same start of
 prompt and the server's prompt cache keeps matching. Only a single line larger than its budget is cut
-inside, at a token boundary (never inside a character or a special token). With an exact tokenizer the
-rendered prompt is counted once more and shrunk until it fits. A prompt whose UTF-8 length (plus
-`SLACK_TOKENS`) is within the budget fits whatever the tokenizer, so it is sent whole and not counted
-(the record's `tokenizer` says `bytes`, its token fields hold that upper bound).
+inside, at a token boundary (never inside a character or a special token).
+
+The work per keystroke is small and does not grow with the file:
+- each side is pre-cut by characters before it is split into lines (the far text is never touched);
+- lines are counted from `LineCounts`, the token counts of lines seen in earlier prompts (consecutive
+  keystrokes change one line); a side with many unseen lines is tokenized once, a few unseen lines
+  are estimated on the safe side;
+- the rendered prompt is measured once, exactly (`TokenCounter.measure`): that proves it fits, and
+  teaches `LineCounts` the lines it holds. It is shrunk and measured again only when it does not fit.
+With the upstream's `/tokenize` that is one round trip per completion; with a local tokenizer, none.
+
+A prompt whose UTF-8 length (plus `SLACK_TOKENS`) is within the budget fits whatever the tokenizer,
+so it is sent whole and not counted (the record's `tokenizer` says `bytes`, its token fields hold that
+upper bound).
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import math
 from dataclasses import dataclass
 
 from proxy.budget.templates import FimParts, FimTemplate, parse_any
@@ -24,10 +35,11 @@ from proxy.models import BudgetedPrompt, NormalizedRequest
 
 log = logging.getLogger("mellum_proxy.budget")
 
-PRECUT_CHARS_PER_TOKEN = 6  # code averages 3-4 characters a token; text beyond this is never tokenized
+PRECUT_CHARS_PER_TOKEN = 6  # code averages 3-4 characters a token; text beyond this is never looked at
 MAX_SHRINK_ROUNDS = 8
 SLACK_TOKENS = 8  # what a server may add to a prompt's own tokens (BOS, EOS, a leading space, FIM markers)
 BOUND_METHOD = "bytes"  # the record's `tokenizer` when the prompt fitted by its length, uncounted
+COLD_LINES = 4  # more unseen lines than this on one side: tokenize the side instead of estimating
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,14 +51,46 @@ class BudgetSettings:
     template: FimTemplate | None = None  # None: send prompt and suffix as fields ("none")
 
 
-@dataclass(frozen=True, slots=True)
+class LineCounts:
+    """Token counts of lines seen in earlier prompts, and the characters per token they showed.
+
+    A line's count comes from a tokenization of the prompt it was in (so a token spanning two lines
+    counts for the first); the final measurement of each prompt keeps the budget exact.
+    """
+
+    def __init__(self, size: int = 65_536) -> None:
+        self.size = size
+        self._counts: dict[str, int] = {}
+        self._chars = 0
+        self._tokens = 0
+
+    def get(self, line: str) -> int | None:
+        return self._counts.get(line)
+
+    def estimate(self, line: str) -> int:
+        """An unseen line's tokens on the safe side: a third more than the characters-per-token seen."""
+        ratio = self._chars / self._tokens if self._tokens > 256 else 3.0
+        return math.ceil(len(line) * 1.33 / ratio)
+
+    def learn(self, lines: list[str], counts: list[int]) -> None:
+        if len(self._counts) + len(lines) > self.size:
+            self._counts.clear()
+        for line, count in zip(lines, counts, strict=True):
+            self._counts[line] = count
+            self._chars += len(line)
+            self._tokens += count
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+
+@dataclass(slots=True)
 class _Side:
     """One side of the cursor, pre-cut and counted per line."""
 
     lines: list[str]
     counts: list[int]
-    offsets: list[int]  # token starts within "".join(lines)
-    dropped_chars: int  # characters beyond the pre-cut, never tokenized
+    dropped_chars: int  # characters beyond the pre-cut, never looked at
 
     @property
     def tokens(self) -> int:
@@ -57,6 +101,7 @@ class ContextBudget:
     def __init__(self, settings: BudgetSettings, counter: TokenCounter) -> None:
         self.settings = settings
         self.counter = counter
+        self.lines = LineCounts()
         self._fallback = CharsEstimator()
         self._overheads: dict[tuple[str, str | None, str | None], int] = {}
 
@@ -65,15 +110,20 @@ class ContextBudget:
         self.counter.observe(prompt, prompt_tokens)
         self._fallback.observe(prompt, prompt_tokens)
 
+    def use(self, counter: TokenCounter) -> None:
+        """Count with `counter` from now on (a better tokenizer became available)."""
+        self.counter = counter
+        self.lines = LineCounts()
+
     async def apply(self, request: NormalizedRequest) -> BudgetedPrompt:
         """Fit `request` into the budget. An upstream tokenizer that fails falls back to `chars`."""
         try:
-            return await self._apply(request, self.counter)
+            return await self._apply(request, self.counter, self.lines)
         except UpstreamError as exc:
             log.warning("tokenizer %s failed (%s); estimating from characters", self.counter.method, exc)
-            return await self._apply(request, self._fallback)
+            return await self._apply(request, self._fallback, LineCounts())
 
-    async def _apply(self, request: NormalizedRequest, counter: TokenCounter) -> BudgetedPrompt:
+    async def _apply(self, request: NormalizedRequest, counter: TokenCounter, lines: LineCounts) -> BudgetedPrompt:
         settings = self.settings
         cap = settings.max_tokens
         max_tokens = cap if request.max_tokens is None else min(request.max_tokens, cap)
@@ -90,27 +140,30 @@ class ContextBudget:
             )  # fmt: skip
         overhead = await self._overhead(template, parts.path, counter)
         available = max(0, prompt_budget - overhead)
-        prefix_lines, suffix_lines = parts.prefix.splitlines(keepends=True), parts.suffix.splitlines(keepends=True)
         # The most each side could get: a token has at least one character, so characters bound the need.
         p_most, s_most = _split(available, settings.prefix_ratio, len(parts.prefix), len(parts.suffix))
-        prefix = await self._side(prefix_lines, p_most, counter, from_end=True)
-        suffix = await self._side(suffix_lines, s_most, counter, from_end=False)
+        prefix = await self._side(parts.prefix, p_most, counter, lines, from_end=True)
+        suffix = await self._side(parts.suffix, s_most, counter, lines, from_end=False)
         tokens_before = overhead + _estimate_total(prefix) + _estimate_total(suffix)
         p_budget, s_budget = _split(available, settings.prefix_ratio, prefix.tokens, suffix.tokens)
         context = parts.context
         for _ in range(MAX_SHRINK_ROUNDS):
-            kept_prefix = _tail(prefix, p_budget, settings.step_lines, template)
-            kept_suffix = _head(suffix, s_budget, settings.step_lines, template)
+            kept_prefix = await _tail(prefix, p_budget, settings.step_lines, template, counter)
+            kept_suffix = await _head(suffix, s_budget, settings.step_lines, template, counter)
             fim = FimParts(kept_prefix, kept_suffix, parts.path, context)
-            prompt = _render(template, fim)
-            total = await counter.count(prompt)
+            prompt, prefix_at, suffix_at = _render_spans(template, fim)
+            total, offsets = await counter.measure(prompt)
+            if counter.exact:
+                _learn(lines, offsets, ((prefix_at, kept_prefix), (suffix_at, kept_suffix)))
             if template is None and kept_suffix:
                 total += len(await counter.offsets(kept_suffix))  # the suffix field, tokenized by the server
-            if total <= prompt_budget or not counter.exact:
+            if total <= prompt_budget:
                 break
             if context:
                 context = ""  # other files are dropped before any line of the current one
                 continue
+            if not counter.exact:
+                break
             over = total - prompt_budget
             if p_budget >= s_budget:
                 p_budget = max(0, p_budget - over)
@@ -149,15 +202,35 @@ class ContextBudget:
             self._overheads[key] = await counter.count(_render(template, FimParts("", "", path)))
         return self._overheads[key]
 
-    async def _side(self, lines: list[str], budget: int, counter: TokenCounter, from_end: bool) -> _Side:
-        """Pre-cut `lines` on the step grid to what could possibly fit, then count tokens per line."""
-        limit = max(1, budget) * PRECUT_CHARS_PER_TOKEN
-        step = self.settings.step_lines
-        kept = lines
-        if sum(map(len, lines)) > limit:
-            kept = _precut(lines, limit, step, from_end)
-        counts, offsets = await _count_lines("".join(kept), counter, kept)
-        return _Side(kept, counts, offsets, sum(map(len, lines)) - sum(map(len, kept)))
+    async def _side(self, text: str, budget: int, counter: TokenCounter, known: LineCounts, from_end: bool) -> _Side:
+        """Pre-cut `text` on the step grid to what could possibly fit, then count tokens per line."""
+        lines = _precut(text, max(1, budget) * PRECUT_CHARS_PER_TOKEN, self.settings.step_lines, from_end)
+        counts = [known.get(line) for line in lines]
+        unseen = [i for i, count in enumerate(counts) if count is None]
+        if len(unseen) > COLD_LINES and counter.exact:
+            counts = await _count_lines(lines, counter)
+            known.learn(lines, counts)
+        else:
+            for i in unseen:
+                counts[i] = known.estimate(lines[i]) if counter.exact else len(await counter.offsets(lines[i]))
+        return _Side(lines, counts, len(text) - sum(map(len, lines)))  # type: ignore[arg-type]
+
+
+def _learn(known: LineCounts, offsets: list[int], spans: tuple[tuple[int, str], ...]) -> None:
+    """Teach `known` the token count of every line of the prefix and suffix inside a measured prompt."""
+    for at, text in spans:
+        if not text or at < 0:
+            continue
+        lines = text.splitlines(keepends=True)
+        starts, position = [], at
+        for line in lines:
+            starts.append(position)
+            position += len(line)
+        low, high = bisect.bisect_left(offsets, at), bisect.bisect_left(offsets, position)
+        counts = [0] * len(lines)
+        for offset in offsets[low:high]:
+            counts[bisect.bisect_right(starts, offset) - 1] += 1
+        known.learn(lines, counts)
 
 
 def _fits_by_length(
@@ -189,14 +262,19 @@ def _context_files(template: FimTemplate | None, files: tuple[tuple[str, str], .
 
 
 def _render(template: FimTemplate | None, parts: FimParts) -> str:
+    return _render_spans(template, parts)[0]
+
+
+def _render_spans(template: FimTemplate | None, parts: FimParts) -> tuple[str, int, int]:
+    """The prompt, and where the prefix and the suffix start in it (-1: the suffix is not in it)."""
     if template is None:
-        return parts.context + parts.prefix  # the suffix, if any, travels as its own field
-    return template.render(parts)
+        return parts.context + parts.prefix, len(parts.context), -1  # the suffix, if any, is its own field
+    return template.render_spans(parts)
 
 
-async def _count_lines(text: str, counter: TokenCounter, lines: list[str] | None = None) -> tuple[list[int], list[int]]:
-    """Tokens per line of `text`, from one tokenization."""
-    lines = text.splitlines(keepends=True) if lines is None else lines
+async def _count_lines(lines: list[str], counter: TokenCounter) -> list[int]:
+    """Tokens per line, from one tokenization of the lines together."""
+    text = "".join(lines)
     offsets = await counter.offsets(text) if text else []
     starts, position = [], 0
     for line in lines:
@@ -205,29 +283,30 @@ async def _count_lines(text: str, counter: TokenCounter, lines: list[str] | None
     counts = [0] * len(lines)
     for offset in offsets:
         counts[bisect.bisect_right(starts, offset) - 1] += 1
-    return counts, offsets
+    return counts
 
 
-def _precut(lines: list[str], limit: int, step: int, from_end: bool) -> list[str]:
-    """The largest grid-aligned run of lines (at the end, or the start) within `limit` characters."""
-    total, n = 0, len(lines)
+def _precut(text: str, limit: int, step: int, from_end: bool) -> list[str]:
+    """The lines of the largest grid-aligned run (at the end, or the start) within `limit` characters.
+
+    The cut is found by characters, so only the kept text is split into lines; the line number of the
+    cut (for the grid) is one count of newlines before it.
+    """
+    if len(text) <= limit:
+        return text.splitlines(keepends=True)
     if from_end:
-        start = n
-        for i in range(n - 1, -1, -1):
-            total += len(lines[i])
-            if total > limit:
-                break
-            start = i
-        aligned = -(-start // step) * step  # round up to the grid
-        return lines[min(aligned, max(start, n - 1)) :] if start < n else lines[-1:]
-    end = 0
-    for i in range(n):
-        total += len(lines[i])
-        if total > limit:
-            break
-        end = i + 1
-    aligned = (end // step) * step
-    return lines[: max(aligned, min(end, 1))] if end else lines[:1]
+        newline = text.find("\n", len(text) - limit - 1)
+        if newline == -1 or newline >= len(text) - 1:  # the last line alone is over the limit: keep it
+            return text[text.rfind("\n", 0, len(text) - 1) + 1 :].splitlines(keepends=True)
+        start = newline + 1
+        lines = text[start:].splitlines(keepends=True)
+        first = text.count("\n", 0, start)
+        drop = min(-(-first // step) * step - first, len(lines) - 1)  # round the start up to the grid
+        return lines[drop:]
+    newline = text.rfind("\n", 0, limit)
+    end = newline + 1 if newline != -1 else (text.find("\n") + 1 or len(text))
+    lines = text[:end].splitlines(keepends=True)
+    return lines[: max((len(lines) // step) * step, 1)]
 
 
 def _split(available: int, ratio: float, need_prefix: int, need_suffix: int) -> tuple[int, int]:
@@ -243,7 +322,7 @@ def _split(available: int, ratio: float, need_prefix: int, need_suffix: int) -> 
     return p_share, s_share
 
 
-def _tail(side: _Side, budget: int, step: int, template: FimTemplate | None) -> str:
+async def _tail(side: _Side, budget: int, step: int, template: FimTemplate | None, counter: TokenCounter) -> str:
     """The end of the prefix within `budget` tokens, starting on the step grid when possible."""
     n = len(side.lines)
     if n == 0 or budget <= 0:
@@ -251,16 +330,16 @@ def _tail(side: _Side, budget: int, step: int, template: FimTemplate | None) -> 
     suffix_sums = [0] * (n + 1)
     for i in range(n - 1, -1, -1):
         suffix_sums[i] = suffix_sums[i + 1] + side.counts[i]
-    grid = [i for i in range(0, n, step) if suffix_sums[i] <= budget]
-    if grid:
-        return "".join(side.lines[grid[0] :])
-    lines = [i for i in range(n) if suffix_sums[i] <= budget]
-    if lines:
-        return "".join(side.lines[lines[0] :])
-    return _cut_line_tail(side, budget, template)  # the cursor's own line is larger than the budget
+    for i in range(0, n, step):
+        if suffix_sums[i] <= budget:
+            return "".join(side.lines[i:])
+    for i in range(n):
+        if suffix_sums[i] <= budget:
+            return "".join(side.lines[i:])
+    return await _cut_line_tail(side.lines[-1], budget, template, counter)  # the cursor's line is too long
 
 
-def _head(side: _Side, budget: int, step: int, template: FimTemplate | None) -> str:
+async def _head(side: _Side, budget: int, step: int, template: FimTemplate | None, counter: TokenCounter) -> str:
     """The start of the suffix within `budget` tokens, ending on the step grid when possible."""
     n = len(side.lines)
     if n == 0 or budget <= 0:
@@ -270,28 +349,25 @@ def _head(side: _Side, budget: int, step: int, template: FimTemplate | None) -> 
         sums.append(sums[-1] + count)
     if sums[n] <= budget:
         return "".join(side.lines)
-    grid = [e for e in range(step, n + 1, step) if sums[e] <= budget]
-    if grid:
-        return "".join(side.lines[: grid[-1]])
-    ends = [e for e in range(1, n + 1) if sums[e] <= budget]
-    if ends:
-        return "".join(side.lines[: ends[-1]])
-    return _cut_line_head(side, budget, template)
+    for end in range(n - n % step, 0, -step):
+        if sums[end] <= budget:
+            return "".join(side.lines[:end])
+    for end in range(n, 0, -1):
+        if sums[end] <= budget:
+            return "".join(side.lines[:end])
+    return await _cut_line_head(side.lines[0], budget, template, counter)
 
 
-def _cut_line_tail(side: _Side, budget: int, template: FimTemplate | None) -> str:
-    line = side.lines[-1]
-    base = sum(map(len, side.lines[:-1]))
-    starts = [o - base for o in side.offsets if o >= base]
+async def _cut_line_tail(line: str, budget: int, template: FimTemplate | None, counter: TokenCounter) -> str:
+    starts = await counter.offsets(line)
     if len(starts) <= budget:
         return line
     cut = _outside_markers(line, starts[len(starts) - budget], template, forward=True)
     return line[cut:]
 
 
-def _cut_line_head(side: _Side, budget: int, template: FimTemplate | None) -> str:
-    line = side.lines[0]
-    starts = [o for o in side.offsets if o < len(line)]
+async def _cut_line_head(line: str, budget: int, template: FimTemplate | None, counter: TokenCounter) -> str:
+    starts = await counter.offsets(line)
     if len(starts) <= budget:
         return line
     cut = _outside_markers(line, starts[budget], template, forward=False)

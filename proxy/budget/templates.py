@@ -29,16 +29,32 @@ class FimTemplate:
     header: str = ""
     stops: tuple[str, ...] = ()
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _pieces: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    markers: tuple[str, ...] = field(init=False, repr=False, compare=False)  # the body's literal markers
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_pattern", _compile(self))
+        object.__setattr__(self, "_pieces", tuple(p for p in re.split(r"(\{prefix\}|\{suffix\})", self.body) if p))
+        object.__setattr__(self, "markers", tuple(re.findall(r"<[^<>\s{}]+>", self.body)))
 
     def render(self, parts: FimParts) -> str:
+        return self.render_spans(parts)[0]
+
+    def render_spans(self, parts: FimParts) -> tuple[str, int, int]:
+        """The prompt, and where the prefix and the suffix start in it."""
         header = self.header.replace("{path}", parts.path) if parts.path is not None and self.header else ""
-        body = self.body.replace("{path}", parts.path or "")
         # one pass, so text inside the prefix that looks like "{suffix}" is never substituted
-        body = re.sub(r"\{prefix\}|\{suffix\}", lambda m: parts.prefix if m[0] == "{prefix}" else parts.suffix, body)
-        return parts.context + header + body
+        out, position, starts = [parts.context, header], len(parts.context) + len(header), [0, 0]
+        for piece in self._pieces:
+            if piece == "{prefix}":
+                piece, starts[0] = parts.prefix, position
+            elif piece == "{suffix}":
+                piece, starts[1] = parts.suffix, position
+            elif "{path}" in piece:
+                piece = piece.replace("{path}", parts.path or "")
+            out.append(piece)
+            position += len(piece)
+        return "".join(out), starts[0], starts[1]
 
     def parse(self, prompt: str) -> FimParts | None:
         """The parts of a prompt rendered with this template, or None when it is not one."""
@@ -116,8 +132,7 @@ def template_for(spec: str) -> FimTemplate | None:
 def parse_any(prompt: str) -> tuple[FimTemplate, FimParts] | None:
     """Recognise a prompt pre-rendered with any built-in template."""
     for template in BUILTIN.values():
-        markers = re.findall(r"<[^<>\s{}]+>", template.body)
-        if all(marker in prompt for marker in markers):
+        if all(marker in prompt for marker in template.markers):
             parts = template.parse(prompt)
             if parts is not None:
                 return template, parts

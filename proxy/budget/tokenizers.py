@@ -1,20 +1,23 @@
-"""Token counting for the context budget, three ways behind one interface.
+"""Token counting for the context budget, four ways behind one interface.
 
-- `HfTokenizer`: a `tokenizer.json` through the Hugging Face `tokenizers` library (exact).
-- `UpstreamTokenizer`: the server's own `/tokenize` (llama.cpp; exact for the served model).
+- `HfTokenizer`: a `tokenizer.json` through the Hugging Face `tokenizers` library (exact, local).
+- `GgufTokenizer`: the served GGUF's own vocabulary, rebuilt as a `tokenizers` tokenizer (exact, local).
+- `UpstreamTokenizer`: the server's own `/tokenize` (llama.cpp; exact, one round trip per call).
 - `CharsEstimator`: characters per token, calibrated from the `usage.prompt_tokens` the upstream
   reports, with a safety margin (an estimate; the record says so).
 
 `offsets(text)` gives the character offset where each token of `text` starts (no special tokens
 added): the budget counts tokens per line from it with one call. `count(prompt)` is what the server
-will count for a whole prompt (special tokens parsed, BOS added).
+will count for a whole prompt (special tokens parsed, BOS added); `measure(prompt)` is that count and
+the prompt's token offsets from one call, so the count that proves a prompt fits also teaches the
+budget the token count of each of its lines.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,6 +38,8 @@ class TokenCounter(Protocol):
 
     async def count(self, prompt: str) -> int: ...
 
+    async def measure(self, prompt: str) -> tuple[int, list[int]]: ...
+
     def observe(self, prompt: str, prompt_tokens: int) -> None: ...
 
 
@@ -42,22 +47,42 @@ class HfTokenizer:
     method = "tokenizer.json"
     exact = True
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None = None, tokenizer: Any = None) -> None:
         from tokenizers import Tokenizer
 
-        try:
-            self._tokenizer = Tokenizer.from_file(str(path))
-        except Exception as exc:  # the library raises plain Exceptions for unreadable files
-            raise ValueError(f"cannot load tokenizer {path}: {exc}") from exc
+        if tokenizer is None:
+            try:
+                tokenizer = Tokenizer.from_file(str(path))
+            except Exception as exc:  # the library raises plain Exceptions for unreadable files
+                raise ValueError(f"cannot load tokenizer {path}: {exc}") from exc
+        self._tokenizer = tokenizer
+        self._added = tokenizer.num_special_tokens_to_add(False)  # BOS (and EOS) the server adds
 
     async def offsets(self, text: str) -> list[int]:
         return [start for start, _ in self._tokenizer.encode(text, add_special_tokens=False).offsets]
 
     async def count(self, prompt: str) -> int:
-        return len(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
+        return len(self.ids(prompt))
+
+    def ids(self, prompt: str) -> list[int]:
+        """The token ids the server would see for `prompt` (special tokens parsed, BOS added)."""
+        return self._tokenizer.encode(prompt, add_special_tokens=True).ids
+
+    async def measure(self, prompt: str) -> tuple[int, list[int]]:
+        offsets = await self.offsets(prompt)
+        return len(offsets) + self._added, offsets
 
     def observe(self, prompt: str, prompt_tokens: int) -> None:
         return None
+
+
+class GgufTokenizer(HfTokenizer):
+    """The GGUF model file's own vocabulary (`proxy.budget.gguf_vocab`), as llama.cpp tokenizes it."""
+
+    method = "gguf"
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer=tokenizer)
 
 
 class UpstreamTokenizer:
@@ -68,6 +93,7 @@ class UpstreamTokenizer:
 
     def __init__(self, server: Tokenize) -> None:
         self.server = server
+        self._added: int | None = None  # tokens the server adds to a prompt (BOS), asked once
 
     async def offsets(self, text: str) -> list[int]:
         body = await self.server.tokenize({"content": text, "with_pieces": True})
@@ -77,6 +103,12 @@ class UpstreamTokenizer:
     async def count(self, prompt: str) -> int:
         body = await self.server.tokenize({"content": prompt, "add_special": True})
         return len(_tokens(body))
+
+    async def measure(self, prompt: str) -> tuple[int, list[int]]:
+        if self._added is None:
+            self._added = await self.count("")
+        offsets = await self.offsets(prompt)
+        return len(offsets) + self._added, offsets
 
     def observe(self, prompt: str, prompt_tokens: int) -> None:
         return None
@@ -89,23 +121,25 @@ def _tokens(body: Any) -> list[Any]:
     return [t if isinstance(t, dict) else {"id": t} for t in tokens]
 
 
+_CONTINUATION = bytes(range(0x80, 0xC0))  # UTF-8 bytes that do not start a character
+
+
 def _char_offsets(text: str, byte_lengths: list[int]) -> list[int]:
     """Token start offsets in characters from token lengths in UTF-8 bytes.
 
     A token that starts inside a multi-byte character is moved to the next character start, so a cut
     at a token boundary never splits a character.
     """
-    char_starts: list[int] = []  # byte offset of each character
-    position = 0
-    for char in text:
-        char_starts.append(position)
-        position += len(char.encode())
-    offsets, byte_pos = [], 0
-    for length in byte_lengths:
-        index = bisect.bisect_left(char_starts, byte_pos)
-        if index < len(text) and (not offsets or index > offsets[-1]):
-            offsets.append(index)
-        byte_pos += length
+    starts = [0, *accumulate(byte_lengths)][:-1]
+    if text.isascii():
+        return [start for start in starts if start < len(text)]
+    data = text.encode()
+    offsets, chars, seen = [], 0, 0  # characters begun in data[:seen]
+    for start in starts:
+        chars += len(data[seen:start].translate(None, _CONTINUATION))
+        seen = start
+        if chars < len(text) and (not offsets or chars > offsets[-1]):
+            offsets.append(chars)
     return offsets
 
 
@@ -124,13 +158,16 @@ class CharsEstimator:
         self.margin = margin
         self.quantile = quantile
         self._ratios: deque[float] = deque(maxlen=200)
+        self._quantile: float | None = None  # the percentile of `_ratios`, sorted again only after a change
 
     @property
     def chars_per_token(self) -> float:
         if not self._ratios:
             return self.initial
-        ordered = sorted(self._ratios)
-        return ordered[int(self.quantile * (len(ordered) - 1))]
+        if self._quantile is None:
+            ordered = sorted(self._ratios)
+            self._quantile = ordered[int(self.quantile * (len(ordered) - 1))]
+        return self._quantile
 
     def _step(self) -> float:
         return max(0.5, self.chars_per_token / (1 + self.margin))
@@ -142,6 +179,10 @@ class CharsEstimator:
     async def count(self, prompt: str) -> int:
         return math.ceil(len(prompt) / self._step()) + 1  # + BOS
 
+    async def measure(self, prompt: str) -> tuple[int, list[int]]:
+        return await self.count(prompt), await self.offsets(prompt)
+
     def observe(self, prompt: str, prompt_tokens: int) -> None:
         if prompt_tokens > 0 and len(prompt) >= 64:  # tiny prompts are dominated by special tokens
             self._ratios.append(len(prompt) / prompt_tokens)
+            self._quantile = None

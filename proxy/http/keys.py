@@ -10,6 +10,7 @@ from proxy.completion import CompletionService, Policies
 from proxy.config import Settings
 from proxy.dialects import Dialect
 from proxy.dialects.base import CompletionRoute
+from proxy.http.probes import UpstreamProbes
 from proxy.telemetry import RecentRecords, Telemetry
 from proxy.upstream import UpstreamClient
 from proxy.upstream.embedded import EmbeddedServer
@@ -21,6 +22,7 @@ POLICIES = web.AppKey("policies", Policies)
 RECORDS = web.AppKey("records", RecentRecords)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 EMBEDDED = web.AppKey("embedded", EmbeddedServer)
+PROBES = web.AppKey("probes", UpstreamProbes)
 # Tests inject a GPU backend here (a fake, or one that is unavailable); production opens NVML.
 GPU_OPENER = web.AppKey("gpu_opener", Callable[[], object])
 # Which dialect owns each path (its error shape), and the completion route when it is one.

@@ -15,24 +15,29 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from proxy.budget import (
-    BudgetSettings,
-    CharsEstimator,
-    ContextBudget,
-    HfTokenizer,
-    TokenCounter,
-    UpstreamTokenizer,
-    template_for,
-)
+from proxy.budget import BudgetSettings, CharsEstimator, ContextBudget, TokenCounter, UpstreamTokenizer, template_for
+from proxy.budget.gguf_vocab import UnsupportedVocabulary
+from proxy.budget.local import load_local
 from proxy.clock import LOOP_CLOCK, Clock
 from proxy.completion import CompletionService, Policies
 from proxy.config import Settings
 from proxy.errors import UpstreamError
-from proxy.http.keys import EMBEDDED, GPU_OPENER, POLICIES, RECORDS, SERVICE, SETTINGS, TELEMETRY, UPSTREAM
+from proxy.http.keys import (
+    EMBEDDED,
+    GPU_OPENER,
+    POLICIES,
+    PROBES,
+    RECORDS,
+    SERVICE,
+    SETTINGS,
+    TELEMETRY,
+    UPSTREAM,
+)
+from proxy.http.probes import UpstreamProbes
 from proxy.policies import AdmissionQueue, Debouncer, Supersede
 from proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetrics, Telemetry
 from proxy.upstream import UpstreamClient
-from proxy.upstream.embedded import EmbeddedServer
+from proxy.upstream.embedded import EmbeddedServer, packaged_model
 
 log = logging.getLogger("mellum_proxy")
 
@@ -93,7 +98,9 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
         upstream = UpstreamClient(session, str(base_url))
         app[UPSTREAM] = upstream
         telemetry = app[TELEMETRY]
-        policies = app[POLICIES] = await build_policies(settings, upstream, telemetry.clock)
+        slots = await upstream.slot_count() if settings.max_concurrency == 0 else None
+        known = settings.max_concurrency != 0 or slots is not None
+        policies = app[POLICIES] = build_policies(settings, slots, telemetry.clock)
         gpu = telemetry.gpu
         assert gpu is not None
         telemetry.metrics = ProxyMetrics(
@@ -105,16 +112,22 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
         budget = ContextBudget(budget_settings(settings), await build_counter(settings, upstream))
         log.info("context budget: %d tokens, tokenizer %s", settings.max_context_tokens, budget.counter.method)
         app[SERVICE] = CompletionService(upstream, policies, budget, telemetry)
-        yield
+        model = (app[EMBEDDED].model or packaged_model()) if EMBEDDED in app else None
+        probes = app[PROBES] = UpstreamProbes(settings, upstream, policies, budget, model, slots_known=known)
+        task = asyncio.create_task(probes.run(), name="upstream-probes")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
-async def build_policies(settings: Settings, upstream: UpstreamClient, clock: Clock = LOOP_CLOCK) -> Policies:
-    """The policies from the settings; `max_concurrency = 0` asks the upstream for its slot count."""
+def build_policies(settings: Settings, slots: int | None = None, clock: Clock = LOOP_CLOCK) -> Policies:
+    """The policies from the settings; `max_concurrency = 0` takes the upstream's `slots` (1 while unknown)."""
     limit = settings.max_concurrency
     if limit == 0:
-        slots = await upstream.slot_count()
         limit = slots or 1
-        why = f"the upstream's {slots} slots" if slots else "1 (the upstream did not say how many slots it has)"
+        why = f"the upstream's {slots} slots" if slots else "1 until the upstream says how many slots it has"
         log.info("max_concurrency: %s", why)
     return Policies(
         debouncer=Debouncer(settings.debounce_ms / 1000, clock),
@@ -138,14 +151,18 @@ def budget_settings(settings: Settings) -> BudgetSettings:
 
 
 async def build_counter(settings: Settings, upstream: UpstreamClient) -> TokenCounter:
-    """`auto`: the upstream's /tokenize when it answers, else the calibrated character estimate."""
+    """The tokenizer to start with. `auto`: the upstream's /tokenize when it answers, else the calibrated
+    character estimate; `UpstreamProbes` may find an exact local one later."""
     choice = settings.tokenizer
     if choice == "chars":
         return CharsEstimator()
     if choice == "upstream":
         return UpstreamTokenizer(upstream)
     if choice != "auto":
-        return await asyncio.to_thread(HfTokenizer, Path(choice))  # reading the file blocks
+        try:
+            return await asyncio.to_thread(load_local, Path(choice))  # reading the file blocks
+        except UnsupportedVocabulary as exc:
+            raise ValueError(str(exc)) from exc
     tokenizer = UpstreamTokenizer(upstream)
     try:
         await tokenizer.count("x")

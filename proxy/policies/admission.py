@@ -47,6 +47,16 @@ class AdmissionQueue:
         """Requests waiting for a slot."""
         return sum(1 for waiter in self._waiters if waiter.live)
 
+    def resize(self, limit: int) -> None:
+        """Allow `limit` requests upstream at once from now on; waiters get the slots that opened."""
+        self.limit = max(1, limit)
+        while self.running < self.limit and self._waiters:
+            waiter = self._waiters.popleft()
+            if waiter.live:
+                self.running += 1
+                waiter.future.set_result(None)
+        self.changes.notify()
+
     def has_free_slot(self) -> bool:
         """A request would get a slot right now, without queueing."""
         return self.running < self.limit and self.depth == 0

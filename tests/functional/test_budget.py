@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from proxy.http import RECORDS, SERVICE
+from proxy.http import PROBES, RECORDS, SERVICE
 from proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory, corpus_texts
 
@@ -32,11 +34,19 @@ async def test_server_counts_no_more_than_the_budget(
     assert record.prompt_tokens_before > 2000
 
 
-async def test_auto_picks_the_upstream_tokenizer(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> None:
+async def test_auto_starts_with_the_upstreams_tokenizer_then_uses_the_gguf_vocabulary(
+    make_proxy: ProxyFactory, embedded_server: EmbeddedServer
+) -> None:
     proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, max_context_tokens=64)
-    await (await proxy.post("/v1/completions", json={"prompt": TEXT[:2000], "max_tokens": 2})).json()
-    assert proxy.app[SERVICE].budget.counter.method == "upstream"
-    assert proxy.app[RECORDS].last().tokenizer == "upstream"
+    budget = proxy.app[SERVICE].budget
+    assert budget.counter.method in ("upstream", "gguf")  # the local one may already be there (cached)
+    await asyncio.wait_for(proxy.app[PROBES].settled.wait(), 30)
+    assert budget.counter.method == "gguf"  # /props names the model file; its vocabulary agrees with /tokenize
+    body = {"prompt": TEXT[:2000], "max_tokens": 2, "temperature": 0}
+    usage = (await (await proxy.post("/v1/completions", json=body)).json())["usage"]
+    record = proxy.app[RECORDS].last()
+    assert record.tokenizer == "gguf" and record.truncated is True
+    assert record.prompt_tokens_after == usage["prompt_tokens"] <= 64 - 2  # exact, as the server counts
 
 
 async def test_a_prompt_that_fits_by_its_length_is_sent_whole_and_uncounted(

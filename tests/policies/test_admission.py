@@ -71,3 +71,20 @@ async def test_waiter_whose_scope_is_cancelled_no_longer_counts() -> None:
         release.set()
         await asyncio.gather(holder, waiter)
     assert queue.running == 0
+
+
+async def test_a_larger_limit_lets_waiters_in_at_once_and_a_smaller_one_drains() -> None:
+    queue = AdmissionQueue(limit=1, max_queue=4)
+    release = asyncio.Event()
+    started: list[str] = []
+    tasks = [asyncio.create_task(occupy(queue, started, name, release)) for name in "abc"]
+    await asyncio.sleep(0)
+    assert (queue.running, queue.depth) == (1, 2)
+    queue.resize(3)  # the upstream turned out to have 3 slots
+    await asyncio.sleep(0)
+    assert (queue.running, queue.depth, started) == (3, 0, ["a", "b", "c"])
+    queue.resize(1)  # fewer: nobody is stopped, but no new request starts until running < 1
+    assert not queue.has_free_slot()
+    release.set()
+    await asyncio.gather(*tasks)
+    assert (queue.running, queue.depth) == (0, 0) and queue.has_free_slot()

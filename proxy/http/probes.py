@@ -1,0 +1,82 @@
+"""What the proxy learns from the upstream, at start-up and again once it is ready.
+
+At start-up llama.cpp may have its port open while it still loads the model (503 on `/health`): the
+slot count and the `/tokenize` it answers then are not the server's. `UpstreamProbes.run` (a task
+for the app's lifetime) waits until the upstream is healthy, asks again for what was left unsettled
+(the slot count behind `max_concurrency = 0`, the tokenizer behind `tokenizer = auto`), and then
+looks for an exact local tokenizer (`proxy.budget.local`). Every change of the proxy's view of the
+server is one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from proxy.budget import CharsEstimator, ContextBudget, UpstreamTokenizer
+from proxy.budget.local import find_local
+from proxy.completion import Policies
+from proxy.config import Settings
+from proxy.errors import UpstreamError
+from proxy.upstream import UpstreamClient
+
+log = logging.getLogger("mellum_proxy")
+
+RETRY_S = (0.25, 0.5, 1.0, 2.0)  # between health checks while the upstream is not ready (then every 2 s)
+
+
+class UpstreamProbes:
+    def __init__(
+        self,
+        settings: Settings,
+        upstream: UpstreamClient,
+        policies: Policies,
+        budget: ContextBudget,
+        embedded_model: Path | None = None,
+        slots_known: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.policies = policies
+        self.budget = budget
+        self.embedded_model = embedded_model
+        self.slots_known = slots_known
+        self.settled = asyncio.Event()  # set once nothing is left to probe (for tests and `/status`)
+
+    async def run(self) -> None:
+        """Probe until settled; never raises (a failed probe leaves the current view)."""
+        attempt = 0
+        while not await self._probe():
+            await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
+            attempt += 1
+        if self.settings.tokenizer == "auto":
+            local = await find_local(self.upstream, self.embedded_model)
+            if local is not None:
+                self._switch_tokenizer(local, "agrees with the upstream's /tokenize")
+        self.settled.set()
+
+    async def _probe(self) -> bool:
+        """One round: True when the upstream was ready and everything left open is now known."""
+        if not await self.upstream.reachable():
+            return False
+        if not self.slots_known:
+            slots = await self.upstream.slot_count()
+            if slots is None:
+                return False
+            self.slots_known = True
+            if slots != self.policies.admission.limit:
+                log.info("upstream: max_concurrency %d -> %d (its slots)", self.policies.admission.limit, slots)
+                self.policies.admission.resize(slots)
+        if self.settings.tokenizer == "auto" and isinstance(self.budget.counter, CharsEstimator):
+            tokenizer = UpstreamTokenizer(self.upstream)
+            try:
+                await tokenizer.count("x")
+            except UpstreamError:
+                return True  # ready, but without /tokenize: `chars` stays
+            self._switch_tokenizer(tokenizer, "the upstream answers /tokenize")
+        return True
+
+    def _switch_tokenizer(self, counter: object, why: str) -> None:
+        log.info("upstream: tokenizer %s -> %s (%s)", self.budget.counter.method, counter.method, why)  # type: ignore[attr-defined]
+        self.budget.use(counter)  # type: ignore[arg-type]
