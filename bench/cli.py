@@ -95,6 +95,15 @@ def build_parser() -> Parser:
     overhead.add_argument("--tokens", type=_positive, default=16, help="streamed tokens per request [default: 16]")
     overhead.add_argument("--out", type=Path, default=Path("bench/out/overhead"))
 
+    budget = sub.add_parser("budget", help="the exact budget per keystroke: agreement, pre-upstream time, /tokenize")
+    budget.add_argument("--keystrokes", type=_positive, default=40, help="typed per file size [default: 40]")
+    budget.add_argument("--replay", type=_positive, default=300, help="keystrokes replayed [default: 300]")
+    budget.add_argument("--out", type=Path, default=Path("bench/out/budget"))
+    memory = sub.add_parser("memory", help="the proxy's resident memory, idle and over many requests")
+    memory.add_argument("--requests", type=_positive, default=100_000, help="streaming requests [default: 100000]")
+    memory.add_argument("--clients", type=_positive, default=8, help="concurrent clients [default: 8]")
+    memory.add_argument("--gguf", type=Path, help="also run with this GGUF's vocabulary as the tokenizer")
+    memory.add_argument("--out", type=Path, default=Path("bench/out/memory"))
     synth = sub.add_parser("synth", help="a seeded synthetic trace typing a source file")
     synth.add_argument("source", type=Path)
     synth.add_argument("--out", type=Path, required=True)
@@ -127,6 +136,36 @@ def _overhead(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}/overhead.md and overhead.json")
 
 
+def _budget(args: argparse.Namespace) -> None:
+    from bench import hot_budget
+
+    result = asyncio.run(hot_budget.measure(args.keystrokes, args.replay, progress=print))
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "budget.json").write_text(orjson_dumps(result | {"command": _command()}))
+        (args.out / "budget.md").write_text(hot_budget.render(result, _command()))
+    except OSError as exc:
+        fail(f"cannot write {args.out}: {exc.strerror}")
+    print(hot_budget.render(result, _command()), end="")
+    print(f"wrote {args.out}/budget.md and budget.json")
+
+
+def _memory(args: argparse.Namespace) -> None:
+    from bench import memory
+
+    if args.gguf is not None and not args.gguf.is_file():
+        fail(f"--gguf {args.gguf}: no such file")
+    result = asyncio.run(memory.measure(args.requests, args.clients, args.gguf, progress=print))
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "memory.json").write_text(orjson_dumps(result | {"command": _command()}))
+        (args.out / "memory.md").write_text(memory.render(result, _command()))
+    except OSError as exc:
+        fail(f"cannot write {args.out}: {exc.strerror}")
+    print(memory.render(result, _command()), end="")
+    print(f"wrote {args.out}/memory.md and memory.json")
+
+
 def main(argv: list[str]) -> None:
     """`mellum-proxy bench ...` (the proxy's CLI hands over everything after `bench`)."""
     run(build_parser().parse_args(argv))
@@ -134,7 +173,8 @@ def main(argv: list[str]) -> None:
 
 def run(args: argparse.Namespace) -> None:
     handlers = {"replay": _replay, "convert": _convert, "synth": _synth, "ladder": _ladder, "quality": _quality,
-                "report": _report, "overhead": _overhead}  # fmt: skip
+                "report": _report, "overhead": _overhead, "budget": _budget,
+                "memory": _memory}  # fmt: skip
     handlers[args.bench_command](args)
 
 

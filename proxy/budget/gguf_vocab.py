@@ -19,8 +19,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 SPACE = "\u2581"  # SentencePiece's visible space
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
 
@@ -90,6 +88,7 @@ def build_tokenizer(fields: dict[str, Any]) -> Any:
 
 
 def _sentencepiece_bpe(fields: dict[str, Any]) -> Any:
+    import numpy as np  # only when a vocabulary is rebuilt: numpy is 15 MB of the proxy's memory
     from tokenizers import Tokenizer, normalizers
     from tokenizers.models import BPE
 

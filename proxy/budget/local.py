@@ -11,6 +11,7 @@ cache directory, because reading a GGUF's vocabulary takes seconds); a model dir
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hashlib
 import logging
 import os
@@ -100,7 +101,18 @@ async def in_daemon_thread(work: Callable[..., T], *args: Any) -> T:
 
 def load_local(model: Path) -> HfTokenizer:
     with _BUILDING:  # one build at a time; a second caller then finds the first one's result
-        return _load_local(model)
+        tokenizer = _load_local(model)
+    _return_freed_memory()
+    return tokenizer
+
+
+def _return_freed_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc): parsing a 30 MB tokenizer file leaves
+    ~200 MB of freed memory resident otherwise."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the memory is reused by later allocations instead
 
 
 def _load_local(model: Path) -> HfTokenizer:

@@ -1,0 +1,116 @@
+"""`mellum-proxy bench memory`: the proxy's resident memory, idle and over many requests.
+
+`mellum-proxy serve` runs as its own process (as a user runs it) in front of this process's fast fake
+upstream, with its policies off; `clients` concurrent clients (one editor session each) send
+`requests` streaming completions. VmRSS is read from `/proc/PID/status` once the proxy answers
+`/health` and is idle, then after every fifth of the requests. A second run, with `--tokenizer` a
+GGUF file, shows what an exact local vocabulary holds in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.fake_upstream import FakeUpstream
+from proxy.http import serve_app
+
+JSON = {"Content-Type": "application/json"}
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _wait_healthy(session: aiohttp.ClientSession, url: str, process: asyncio.subprocess.Process) -> None:
+    for _ in range(600):
+        if process.returncode is not None:
+            raise RuntimeError(f"the proxy exited with {process.returncode}")
+        try:
+            async with session.get(url + "/health") as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError("the proxy did not become healthy in 60 s")
+
+
+async def one_run(
+    upstream: str, tokenizer: str, requests: int, clients: int, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    port = _free_port()
+    args = ["-m", "proxy", "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--tokenizer", tokenizer,
+            "--debounce-ms", "0", "--timeout-ms", "0", "--max-concurrency", "64", "--max-queue", "64"]  # fmt: skip
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    samples: list[dict[str, float]] = []
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await _wait_healthy(session, url, process)
+            await asyncio.sleep(2.0)  # background probes (and a local tokenizer's load) settle
+            samples.append({"requests": 0, "rss_mib": rss_mib(process.pid)})
+            progress(f"{tokenizer}: idle {samples[-1]['rss_mib']:.1f} MiB")
+            body = b'{"prompt": "def fibonacci(n):\\n    ", "max_tokens": 16, "stream": true}'
+            step = max(1, requests // 5)
+            sent = 0
+
+            async def client(number: int, count: int) -> None:
+                headers = {**JSON, "X-Session-Id": f"editor-{number}"}
+                for _ in range(count):
+                    async with session.post(url + "/v1/completions", data=body, headers=headers) as resp:
+                        await resp.read()
+
+            while sent < requests:
+                batch = min(step, requests - sent)
+                await asyncio.gather(*(client(i, batch // clients + (i < batch % clients)) for i in range(clients)))
+                sent += batch
+                samples.append({"requests": sent, "rss_mib": rss_mib(process.pid)})
+                progress(f"{tokenizer}: {sent} requests {samples[-1]['rss_mib']:.1f} MiB")
+    finally:
+        process.terminate()
+        await process.wait()
+    after = [s["rss_mib"] for s in samples[1:]]
+    return {"tokenizer": tokenizer, "samples": samples, "idle_mib": samples[0]["rss_mib"],
+            "growth_after_first_fifth_mib": (after[-1] - after[0]) if after else 0.0}  # fmt: skip
+
+
+async def measure(requests: int, clients: int, gguf: Path | None, progress: Callable[[str], None]) -> dict[str, Any]:
+    fake = FakeUpstream(tokens=16, slots=64)
+    runs = []
+    async with serve_app(fake.app()) as upstream:
+        runs.append(await one_run(upstream, "chars", requests, clients, progress))
+        if gguf is not None:
+            runs.append(await one_run(upstream, str(gguf), max(1, requests // 10), clients, progress))
+    return {"requests": requests, "clients": clients, "runs": runs}
+
+
+def render(result: dict[str, Any], command: str) -> str:
+    lines = ["# Proxy memory", "", f"`{command}`: `mellum-proxy serve` as its own process, VmRSS.", "",
+             "| tokenizer | requests | RSS MiB |", "|---|---|---|"]  # fmt: skip
+    for run in result["runs"]:
+        name = Path(run["tokenizer"]).name
+        for sample in run["samples"]:
+            lines.append(f"| {name} | {sample['requests']} | {sample['rss_mib']:.1f} |")
+    lines.append("")
+    for run in result["runs"]:
+        lines.append(f"- {Path(run['tokenizer']).name}: idle {run['idle_mib']:.1f} MiB; from the first fifth of "
+                     f"the requests to the end {run['growth_after_first_fifth_mib']:+.1f} MiB")  # fmt: skip
+    return "\n".join(lines) + "\n"
