@@ -100,11 +100,15 @@ class CompletionService:
         policies, clock = self.policies, self.clock
         if request.warm_up:
             return await self._warm_up(request, answer, completion, record)
-        held_from = clock.now()
-        go_on = await policies.debouncer.hold(request.session)
-        record.debounce_ms = (clock.now() - held_from) * 1000
-        if not go_on:
-            return Outcome.DEBOUNCED
+        if policies.debouncer.window_s > 0:
+            held_from = clock.now()
+            go_on = await policies.debouncer.hold(request.session)
+            record.debounce_ms = (clock.now() - held_from) * 1000
+            if not go_on:
+                return Outcome.DEBOUNCED
+        else:  # no window: nothing is held, and the clock (a system call on some machines) is not read
+            await policies.debouncer.hold(request.session)
+            record.debounce_ms = 0.0
         if not policies.complete_in_comments and request.suffix is not None:
             inside = cursor_in_comment_or_string(request.prefix, request.suffix, request.file_path, request.language)
             if inside:
@@ -118,10 +122,11 @@ class CompletionService:
                 record.prompt_tokens_after = prompt.tokens_after
                 record.truncated = completion.truncated = prompt.truncated
                 record.tokenizer = prompt.method
-                queued_from = clock.now()
+                waits = not policies.admission.has_free_slot()  # else the slot is taken without a wait
+                queued_from = clock.now() if waits else 0.0
                 try:
                     async with policies.admission.slot(ticket.scope):
-                        record.queue_ms = (clock.now() - queued_from) * 1000
+                        record.queue_ms = (clock.now() - queued_from) * 1000 if waits else 0.0
                         ticket.running = True
                         await self._stream(request, prompt, answer, completion, record, ticket, deadline)
                 except QueueFullError:

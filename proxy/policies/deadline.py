@@ -18,7 +18,12 @@ class Deadline:
     @classmethod
     def start(cls, clock: Clock, ttft_timeout_ms: int, timeout_ms: int) -> Deadline:
         """Deadlines counted from now; a timeout of 0 means none. Queue wait counts against both."""
+        if ttft_timeout_ms <= 0 and timeout_ms <= 0:
+            return NO_DEADLINE  # nothing to count from: the clock is not read
         now = clock.now()
         total = now + timeout_ms / 1000 if timeout_ms > 0 else math.inf
         first = now + ttft_timeout_ms / 1000 if ttft_timeout_ms > 0 else math.inf
         return cls(first_token=min(first, total), total=total)
+
+
+NO_DEADLINE = Deadline(first_token=math.inf, total=math.inf)

@@ -131,3 +131,12 @@ async def test_chars_estimate_rarely_exceeds_after_calibration(bpe_tokenizer: Pa
             exceeded = 0  # count only after a short calibration
     assert exceeded / (trials - 21) < 0.01
     assert out.method == "chars"
+
+
+async def test_other_files_are_dropped_first_even_with_the_chars_estimate() -> None:
+    fit = budget(None)
+    other = (("lib/util.py", TEXT[:40_000]),)  # far more than the budget (issue: 204 KB went upstream)
+    request_ = replace(request(TEXT[:1000], TEXT[1000:2000]), context_files=other)
+    out = await fit.apply(request_)
+    assert "lib/util.py" not in out.prompt and out.truncated
+    assert await CharsEstimator().count(out.prompt) + out.max_tokens <= 400 * 1.2

@@ -7,6 +7,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from proxy.dialects.openai import DONE, sse, text_completion
 from proxy.models import BudgetedPrompt, NormalizedRequest
@@ -65,3 +66,19 @@ async def test_the_client_sees_the_upstreams_text_events_unchanged(
     final = orjson.loads(events[3][6:])
     assert final["id"] == "fake-1" and final["choices"][0]["finish_reason"] == "length"  # the upstream's id
     assert events[4:] == [DONE] and fake.completed == 1
+
+
+async def test_an_upstream_that_ignores_stream_true_still_gives_its_text(aiohttp_server: Any) -> None:
+    async def answer_json(request: web.Request) -> web.Response:
+        return web.json_response(text_completion("j", 1, "m", "whole answer", "stop", {"prompt_tokens": 3}))
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", answer_json)
+    server = await aiohttp_server(app)
+    async with aiohttp.ClientSession() as session:
+        batches = [batch async for batch in UpstreamClient(session, str(server.make_url(""))).stream_completion(
+            REQUEST, PROMPT
+        )]  # fmt: skip
+    assert [(c.text, c.finish_reason, c.usage) for b in batches for c in b] == [
+        ("whole answer", "stop", {"prompt_tokens": 3})
+    ]
