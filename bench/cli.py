@@ -122,32 +122,31 @@ def _positive(text: str) -> int:
     return value
 
 
+def _write(out: Path, name: str, result: dict[str, Any], render: Any) -> None:
+    """`NAME.json` and `NAME.md` in `out`, and the Markdown on stdout."""
+    text = render(result, _command())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.json").write_text(orjson_dumps(result | {"command": _command()}))
+        (out / f"{name}.md").write_text(text)
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror}")
+    print(text, end="")
+    print(f"wrote {out}/{name}.md and {name}.json")
+
+
 def _overhead(args: argparse.Namespace) -> None:
     from bench import overhead
 
     result = asyncio.run(overhead.measure(args.requests, args.rounds, args.tokens, progress=print))
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "overhead.json").write_text(orjson_dumps(result | {"command": _command()}))
-        (args.out / "overhead.md").write_text(overhead.render(result, _command()))
-    except OSError as exc:
-        fail(f"cannot write {args.out}: {exc.strerror}")
-    print(overhead.render(result, _command()), end="")
-    print(f"wrote {args.out}/overhead.md and overhead.json")
+    _write(args.out, "overhead", result, overhead.render)
 
 
 def _budget(args: argparse.Namespace) -> None:
     from bench import hot_budget
 
-    result = asyncio.run(hot_budget.measure(args.keystrokes, args.replay, progress=print))
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "budget.json").write_text(orjson_dumps(result | {"command": _command()}))
-        (args.out / "budget.md").write_text(hot_budget.render(result, _command()))
-    except OSError as exc:
-        fail(f"cannot write {args.out}: {exc.strerror}")
-    print(hot_budget.render(result, _command()), end="")
-    print(f"wrote {args.out}/budget.md and budget.json")
+    _write(args.out, "budget", asyncio.run(hot_budget.measure(args.keystrokes, args.replay, progress=print)),
+           hot_budget.render)  # fmt: skip
 
 
 def _memory(args: argparse.Namespace) -> None:
@@ -156,14 +155,7 @@ def _memory(args: argparse.Namespace) -> None:
     if args.gguf is not None and not args.gguf.is_file():
         fail(f"--gguf {args.gguf}: no such file")
     result = asyncio.run(memory.measure(args.requests, args.clients, args.gguf, progress=print))
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "memory.json").write_text(orjson_dumps(result | {"command": _command()}))
-        (args.out / "memory.md").write_text(memory.render(result, _command()))
-    except OSError as exc:
-        fail(f"cannot write {args.out}: {exc.strerror}")
-    print(memory.render(result, _command()), end="")
-    print(f"wrote {args.out}/memory.md and memory.json")
+    _write(args.out, "memory", result, memory.render)
 
 
 def main(argv: list[str]) -> None:
@@ -294,7 +286,11 @@ def _settings_policy(args: argparse.Namespace) -> Any:
 
 
 def _command() -> str:
-    return "mellum-proxy bench " + shlex.join(sys.argv[2:])
+    """The command line as a reader would retype it; the home directory is written `~`, so no report
+    carries a user's own paths."""
+    home = str(Path.home())
+    args = ["~" + arg[len(home) :] if arg == home or arg.startswith(home + "/") else arg for arg in sys.argv[2:]]
+    return "mellum-proxy bench " + " ".join(arg if arg.startswith("~/") else shlex.quote(arg) for arg in args)
 
 
 async def _context_limit(url: str) -> int | None:

@@ -88,7 +88,7 @@ async def one_run(
         process.terminate()
         await process.wait()
     after = [s["rss_mib"] for s in samples[1:]]
-    return {"tokenizer": tokenizer, "samples": samples, "idle_mib": samples[0]["rss_mib"],
+    return {"tokenizer": Path(tokenizer).name, "samples": samples, "idle_mib": samples[0]["rss_mib"],
             "growth_after_first_fifth_mib": (after[-1] - after[0]) if after else 0.0}  # fmt: skip
 
 
