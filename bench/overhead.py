@@ -1,8 +1,10 @@
 """`mellum-proxy bench overhead`: what the proxy adds to each request, against a bare relay.
 
-Three paths to one fast fake upstream, in interleaved rounds so machine noise hits all alike:
-`direct` (client -> upstream), `bare` (client -> `bench.bare_relay` -> upstream) and `proxy` (client
--> mellum-proxy with its policies off: debounce 0, no deadline, the `chars` tokenizer -> upstream).
+Four paths to one fast fake upstream, in interleaved rounds so machine noise hits all alike:
+`direct` (client -> upstream), `bare` (client -> `bench.bare_relay` -> upstream), `parsing` (client ->
+`bench.parsing_relay`, which parses the request and the events and nothing else -> upstream) and
+`proxy` (client -> mellum-proxy with its policies off: debounce 0, no deadline, the `chars` tokenizer
+-> upstream).
 Each round sends `requests` sequential streaming completions per path. Added latency is a path's
 percentile less direct's in the same round; CPU per request is the process's CPU time for the round
 less direct's (client and fake upstream cost the same in both), so what remains is the relay's own.
@@ -22,11 +24,13 @@ import aiohttp
 
 from bench.bare_relay import bare_relay
 from bench.fake_upstream import FakeUpstream
+from bench.parsing_relay import parsing_relay
 from proxy.config import Settings
 from proxy.http import build_app, serve_app
 from proxy.telemetry.stats import percentile
 
-PATHS = ("direct", "bare", "proxy")
+PATHS = ("direct", "bare", "parsing", "proxy")
+RELAYS = PATHS[1:]
 PROXY_SETTINGS: dict[str, Any] = {
     "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64,
 }  # fmt: skip
@@ -68,8 +72,11 @@ async def measure(
     fake = FakeUpstream(tokens=tokens, slots=64)
     body = {"prompt": "def fibonacci(n):\n    ", "max_tokens": tokens, "stream": True}
     async with serve_app(fake.app()) as upstream, serve_app(bare_relay(upstream)) as bare:
-        async with serve_app(build_app(Settings(upstream=upstream, **PROXY_SETTINGS))) as proxy:
-            urls = {"direct": upstream, "bare": bare, "proxy": proxy}
+        async with (
+            serve_app(parsing_relay(upstream)) as parsing,
+            serve_app(build_app(Settings(upstream=upstream, **PROXY_SETTINGS))) as proxy,
+        ):
+            urls = {"direct": upstream, "bare": bare, "parsing": parsing, "proxy": proxy}
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
                 for url in urls.values():
                     await _round(session, url, 20, body)  # warm up connections and code paths
@@ -89,7 +96,7 @@ def _added(path: PathRound, direct: PathRound, values: str, q: float) -> float:
 def _row(number: int, measured: dict[str, PathRound], requests: int) -> dict[str, Any]:
     direct = measured["direct"]
     row: dict[str, Any] = {"round": number + 1}
-    for name in ("bare", "proxy"):
+    for name in RELAYS:
         path = measured[name]
         row[name] = {
             "added_ttft_p50_ms": _added(path, direct, "ttft_ms", 0.5),
@@ -101,24 +108,24 @@ def _row(number: int, measured: dict[str, PathRound], requests: int) -> dict[str
     return row
 
 
-def _ratio(rows: list[dict[str, Any]], key: str) -> float | None:
-    ratios = [row["proxy"][key] / row["bare"][key] for row in rows if row["bare"][key] > 0]
+def _ratio(rows: list[dict[str, Any]], key: str, over: str = "bare", path: str = "proxy") -> float | None:
+    ratios = [row[path][key] / row[over][key] for row in rows if row[over][key] > 0]
     return median(ratios) if ratios else None
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request")
-    return {f"proxy_over_bare_{key}": _ratio(rows, key) for key in keys}
+    summary = {f"proxy_over_bare_{key}": _ratio(rows, key) for key in keys}
+    summary |= {f"parsing_over_bare_{key}": _ratio(rows, key, path="parsing") for key in keys}
+    return summary
 
 
 def _line(row: dict[str, Any]) -> str:
-    bare, proxy = row["bare"], row["proxy"]
-    return (
-        f"round {row['round']}: added TTFT p50 bare {bare['added_ttft_p50_ms']:.2f} ms, proxy "
-        f"{proxy['added_ttft_p50_ms']:.2f} ms; total p50 bare {bare['added_total_p50_ms']:.2f}, proxy "
-        f"{proxy['added_total_p50_ms']:.2f} ms; CPU/request bare {bare['cpu_ms_per_request']:.2f}, proxy "
-        f"{proxy['cpu_ms_per_request']:.2f} ms"
+    cells = ", ".join(
+        f"{name} {row[name]['added_ttft_p50_ms']:.2f} ms TTFT / {row[name]['cpu_ms_per_request']:.2f} ms CPU"
+        for name in RELAYS
     )
+    return f"round {row['round']}: added {cells}"
 
 
 def render(result: dict[str, Any], command: str) -> str:
@@ -133,13 +140,15 @@ def render(result: dict[str, Any], command: str) -> str:
         "|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
-        for name in ("bare", "proxy"):
+        for name in RELAYS:
             cell = row[name]
             lines.append(
                 f"| {row['round']} | {name} | {cell['added_ttft_p50_ms']:.2f} | {cell['added_ttft_p95_ms']:.2f} | "
                 f"{cell['added_total_p50_ms']:.2f} | {cell['cpu_ms_per_request']:.2f} |"
             )
-    lines += ["", "| proxy / bare (median of rounds) | ratio |", "|---|---|"]
-    for key, value in result["summary"].items():
-        lines.append(f"| {key.removeprefix('proxy_over_bare_')} | {'-' if value is None else f'{value:.2f}x'} |")
+    lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare |", "|---|---|---|"]
+    summary = result["summary"]
+    for key in ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"):
+        cells = [summary.get(f"{path}_over_bare_{key}") for path in ("proxy", "parsing")]
+        lines.append(f"| {key} | " + " | ".join("-" if v is None else f"{v:.2f}x" for v in cells) + " |")
     return "\n".join(lines) + "\n"

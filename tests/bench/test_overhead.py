@@ -1,4 +1,4 @@
-"""`bench overhead`: the three paths really carry completions, and the report has every round."""
+"""`bench overhead`: the four paths really carry completions, and the report has every round."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ from bench.overhead import measure, render
 from proxy.cli import main
 
 
-async def test_every_round_measures_the_bare_relay_and_the_proxy() -> None:
+async def test_every_round_measures_both_relays_and_the_proxy() -> None:
     lines: list[str] = []
     result = await measure(requests=5, rounds=2, tokens=4, progress=lines.append)
     assert [row["round"] for row in result["rows"]] == [1, 2] and len(lines) == 2
     for row in result["rows"]:
         assert row["direct"]["ttft_p50_ms"] > 0
-        for path in ("bare", "proxy"):
+        for path in ("bare", "parsing", "proxy"):
             assert set(row[path]) == {"added_ttft_p50_ms", "added_total_p50_ms", "added_ttft_p95_ms",
                                       "cpu_ms_per_request"}  # fmt: skip
-    assert set(result["summary"]) == {"proxy_over_bare_added_ttft_p50_ms", "proxy_over_bare_added_total_p50_ms",
-                                      "proxy_over_bare_cpu_ms_per_request"}  # fmt: skip
+    keys = {"added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"}
+    assert set(result["summary"]) == {f"{path}_over_bare_{key}" for key in keys for path in ("proxy", "parsing")}
     report = render(result, "mellum-proxy bench overhead")
-    assert report.count("| proxy |") == 2 and report.count("| bare |") == 2
+    assert report.count("| proxy |") == 2 and report.count("| bare |") == 2 and report.count("| parsing |") == 2
 
 
 def test_cli_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,50 @@
+"""The floor under any proxy that reads what it relays: `bench overhead`'s third path.
+
+Like `bench.bare_relay`, but it does the least a proxy with a record must do: parse the request's
+JSON, write the upstream body itself, and split the answer into events with the proxy's own reader
+(`proxy.upstream.sse.read_sse`), passing them on as the upstream sent them. No policy, budget, record
+or dialect: the difference between this path and the proxy is what those cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.dialects.openai import DONE
+from proxy.upstream.sse import read_sse
+
+UPSTREAM = web.AppKey("upstream", str)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+_JSON = {"Content-Type": "application/json"}
+
+
+def parsing_relay(upstream: str) -> web.Application:
+    app = web.Application()
+    app[UPSTREAM] = upstream
+    app.cleanup_ctx.append(_session)
+    app.router.add_post("/v1/completions", _relay)
+    return app
+
+
+async def _session(app: web.Application) -> AsyncIterator[None]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        app[SESSION] = session
+        yield
+
+
+async def _relay(request: web.Request) -> web.StreamResponse:
+    payload = orjson.loads(await request.read())
+    payload["stream"] = True
+    payload["stream_options"] = {"include_usage": True}
+    url = request.app[UPSTREAM] + "/v1/completions"
+    async with request.app[SESSION].post(url, data=orjson.dumps(payload), headers=_JSON) as resp:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        async for batch in read_sse(resp.content.iter_any()):
+            await out.write(b"".join([b"data: " + (chunk.raw or b"") + b"\n\n" for chunk in batch]))
+        await out.write_eof(DONE)
+        return out
