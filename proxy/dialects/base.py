@@ -198,7 +198,13 @@ class FieldReader:
         return params
 
     def rest(self, drop: tuple[str, ...] = ()) -> dict[str, Any]:
-        """Fields not read so far (passed through to the upstream unchanged), less `drop`."""
+        """Fields not read so far (passed through to the upstream unchanged), less `drop`.
+
+        `stream_options` is passed through too, but the proxy adds to it, so it must be an object.
+        """
+        options = self.body.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            raise InvalidRequestError(f"'{self._name('stream_options')}' must be an object")
         return {key: value for key, value in self.body.items() if key not in self.used and key not in drop}
 
 

@@ -82,3 +82,18 @@ async def test_wrong_method_and_unknown_path(make_proxy: ProxyFactory, fake_upst
     assert show.status == 400 and ollama_shape(await show.json(), 400)
     assert [r.outcome for r in proxy.app[RECORDS]] == ["bad_request", "bad_request"]  # the two completion routes
     assert (await proxy.get("/health")).status == 200  # still serving
+
+
+async def test_stream_options_that_is_not_an_object_is_a_400_naming_it(
+    make_proxy: ProxyFactory, fake_upstream: Any
+) -> None:
+    fake, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=0, tokenizer="chars")
+    for path in ("/infill", "/completion", "/v1/completions"):
+        resp = await proxy.post(path, json={"prompt": "x", "stream": True, "stream_options": "yes"})
+        body = await resp.json()
+        assert resp.status == 400 and SHAPES[path](body, 400), path
+        assert "'stream_options' must be an object" in str(body)
+    assert fake.payloads == []
+    served = await proxy.post("/v1/completions", json={"prompt": "x", "stream_options": {"include_usage": False}})
+    assert served.status == 200 and fake.payloads[0]["stream_options"] == {"include_usage": False}
