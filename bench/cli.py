@@ -108,8 +108,39 @@ def build_parser() -> Parser:
     synth.add_argument("source", type=Path)
     synth.add_argument("--out", type=Path, required=True)
     synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--limit-chars", type=int)
+    synth.add_argument("--limit-chars", type=_positive)
+    synth.add_argument("--typist", choices=["slow", "medium", "fast"], default="medium",
+                       help="median gap between keys: 550, 200 or 120 ms [default: medium]")  # fmt: skip
+
+    calibrate = sub.add_parser("calibrate", help="one trace on the real embedded server and on the lab's simulator")
+    calibrate.add_argument("trace", type=Path)
+    calibrate.add_argument("--limit-events", type=_positive, default=300, help="edits [default: 300]")
+    calibrate.add_argument("--max-tokens", type=_positive, default=16, help="what the plugin asks for [default: 16]")
+    calibrate.add_argument("--accuracy", type=_share, default=0.3)
+    calibrate.add_argument("--out", type=Path, default=Path("bench/out/calibration"))
+
+    lab = sub.add_parser("lab", help="policies x traces x servers in virtual time: targets, grid and frontier")
+    lab.add_argument("traces", nargs="*", type=Path,
+                     help="traces [default: the two shipped ones and three synthetic typists]")  # fmt: skip
+    lab.add_argument("--profile", action="append", help="sim profile(s) [default: embedded-cpu and gpu]")
+    lab.add_argument("--policy", action="append", help="NAME[:key=value,...] [default: direct and defaults]")
+    lab.add_argument("--grid", action="store_true", help="also search the adaptive-dispatch settings")
+    lab.add_argument("--accuracy", type=_share, default=0.3,
+                     help="share of completions that are what the person typed next [default: 0.3]")  # fmt: skip
+    lab.add_argument("--limit-events", type=_positive, default=1500, help="edits per trace [default: 1500]")
+    lab.add_argument("--max-tokens", type=_positive, default=16, help="what the plugin asks for [default: 16]")
+    lab.add_argument("--out", type=Path, default=Path("bench/out/lab"))
     return bench
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got '{text}'") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {value:g}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -158,6 +189,34 @@ def _memory(args: argparse.Namespace) -> None:
     _write(args.out, "memory", result, memory.render)
 
 
+def _calibrate(args: argparse.Namespace) -> None:
+    from bench import calibration
+
+    try:
+        events = list(limited(load_trace(args.trace), args.limit_events))
+    except (OSError, TraceError, ValueError) as exc:
+        fail(str(exc))
+
+    async def run() -> dict[str, Any]:
+        async with upstream_for("embedded") as (url, described):
+            return await calibration.measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy)
+
+    _write(args.out, "calibration", asyncio.run(run()), calibration.render)
+
+
+def _lab(args: argparse.Namespace) -> None:
+    from bench import lab_report
+
+    try:
+        result = lab_report.measure(args.traces, args.profile, args.policy, args.grid, args.accuracy,
+                                    args.limit_events, args.max_tokens, progress=print)  # fmt: skip
+    except (OSError, TraceError, ValueError) as exc:
+        fail(str(exc))
+    _write(args.out, "lab", result, lab_report.render)
+    lab_report.plot(result, args.out / "frontier.png")
+    print(f"wrote {args.out}/frontier.png")
+
+
 def main(argv: list[str]) -> None:
     """`mellum-proxy bench ...` (the proxy's CLI hands over everything after `bench`)."""
     run(build_parser().parse_args(argv))
@@ -166,7 +225,7 @@ def main(argv: list[str]) -> None:
 def run(args: argparse.Namespace) -> None:
     handlers = {"replay": _replay, "convert": _convert, "synth": _synth, "ladder": _ladder, "quality": _quality,
                 "report": _report, "overhead": _overhead, "budget": _budget,
-                "memory": _memory}  # fmt: skip
+                "memory": _memory, "lab": _lab, "calibrate": _calibrate}  # fmt: skip
     handlers[args.bench_command](args)
 
 
@@ -190,7 +249,7 @@ def _synth(args: argparse.Namespace) -> None:
     from bench.synth import synthesize_file
 
     try:
-        trace = synthesize_file(args.source, args.seed, args.limit_chars)
+        trace = synthesize_file(args.source, args.seed, args.limit_chars, args.typist)
     except OSError as exc:
         fail(f"cannot read {args.source}: {exc.strerror}")
     write_trace(trace, args.out)

@@ -53,6 +53,8 @@ class Accounting:
     covered: int
     latencies_ms: list[float] = field(default_factory=list)
     shown_completion_tokens: int = 0
+    shown_edits: set[int] = field(default_factory=set)
+    predicted_chars: int = 0  # of what the person typed next, how much the shown suggestions had
 
     @property
     def pause_coverage(self) -> float | None:
@@ -62,8 +64,14 @@ class Accounting:
         return percentile(self.latencies_ms, q)
 
 
-def account(marks: list[EditMark], results: list[RequestResult], pause_ms: float) -> Accounting:
-    """Shown completions, pauses, coverage and pause-to-suggestion latency (a pure function)."""
+def account(
+    marks: list[EditMark], results: list[RequestResult], pause_ms: float, truth: dict[int, str] | None = None
+) -> Accounting:
+    """Shown completions, pauses, coverage and pause-to-suggestion latency (a pure function).
+
+    `truth`: what the person typed next after each edit; with it, `predicted_chars` counts the
+    characters of it that each shown suggestion began with.
+    """
     next_same_file: dict[int, float] = {}
     last_seen: dict[str, int] = {}
     for mark in marks:
@@ -78,6 +86,9 @@ def account(marks: list[EditMark], results: list[RequestResult], pause_ms: float
             shown[result.edit] = result
     acct = Accounting(edits=len(marks), requests=len(results), shown=len(shown), pauses=0, covered=0)
     acct.shown_completion_tokens = sum(r.completion_tokens for r in shown.values())
+    acct.shown_edits = set(shown)
+    if truth is not None:
+        acct.predicted_chars = sum(common_prefix(r.text, truth.get(edit, "")) for edit, r in shown.items())
     time_of = {m.index: m.t_ms for m in marks}
     for position, mark in enumerate(marks):
         following = marks[position + 1].t_ms if position + 1 < len(marks) else math.inf
@@ -90,6 +101,15 @@ def account(marks: list[EditMark], results: list[RequestResult], pause_ms: float
             assert done is not None
             acct.latencies_ms.append(done - time_of[mark.index])
     return acct
+
+
+def common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 @dataclass

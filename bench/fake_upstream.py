@@ -35,6 +35,7 @@ class FakeUpstream:
         self.max_active = 0
         self.completed = 0
         self.disconnects = 0
+        self.sent_tokens = 0
         self._changed = asyncio.Condition()
 
     def app(self) -> web.Application:
@@ -92,6 +93,7 @@ class FakeUpstream:
         for i in range(n):
             piece = f"t{i} "
             text += piece
+            self.sent_tokens += 1
             if response is not None:
                 await response.write(sse(text_completion(ident, created, "fake", piece, None)))
             if self.token_delay_s:

@@ -124,6 +124,7 @@ class PolicyResult:
     max_inflight: int
     vram_peak_mib: float | None
     duration_s: float
+    idle_wait_s: float | None = None  # how long the server took to be idle before this policy began
     inflight_series: list[tuple[float, float, float]] = field(default_factory=list)  # (s, running, queued)
     latencies_ms: list[float] = field(default_factory=list)
 
@@ -144,6 +145,8 @@ async def run_policy(
     progress: Callable[[int, int], None] | None = None,
 ) -> PolicyResult:
     times = schedule(events, max_gap_ms)
+    async with aiohttp.ClientSession() as session:
+        idle_wait_s = await wait_idle(session, upstream)
     async with aiohttp.ClientSession() as session, proxy_for(policy, upstream) as (url, app):
         plugin = Plugin(session, url + "/v1/completions", cancels=policy.plugin_cancel,
                         debounce_ms=policy.plugin_debounce_ms, max_tokens=max_tokens)  # fmt: skip
@@ -186,8 +189,22 @@ async def run_policy(
         max_queue_depth=int(max([admission.max_depth_seen if admission else 0, *(s[2] for s in samples)])),
         max_inflight=int(max([0, *(s[1] + s[2] for s in samples)])),
         vram_peak_mib=max(peaks) if peaks else None, duration_s=duration, inflight_series=samples,
-        latencies_ms=acct.latencies_ms,
+        latencies_ms=acct.latencies_ms, idle_wait_s=idle_wait_s,
     )  # fmt: skip
+
+
+async def wait_idle(session: aiohttp.ClientSession, upstream: str, timeout_s: float = 120.0) -> float | None:
+    """Wait until the server reports nothing running or queued; the seconds that took (None: it cannot say)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while loop.time() - start < timeout_s:
+        metrics = await read_metrics(session, upstream)
+        if "requests_processing" not in metrics:
+            return None
+        if metrics["requests_processing"] + metrics.get("requests_deferred", 0) == 0:
+            return loop.time() - start
+        await asyncio.sleep(0.05)  # polling the server's own gauges: it has no event to wait on
+    return loop.time() - start
 
 
 def _delta(before: dict[str, float], after: dict[str, float], key: str) -> float | None:

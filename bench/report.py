@@ -25,6 +25,7 @@ COLUMNS = [
     ("max_queue_depth", "max queue", "{}"),
     ("max_inflight", "max in flight", "{}"),
     ("vram_peak_mib", "VRAM peak MiB", "{:.0f}"),
+    ("idle_wait_s", "idle wait s", "{:.1f}"),
 ]
 
 

@@ -1,51 +1,48 @@
-"""A simulated OpenAI-compatible completion server, for machines without a model.
+"""A simulated OpenAI-compatible completion server over HTTP, for machines without a model.
 
-The latency model: prompts are `chars_per_token` characters a token; the prompt is prefilled at
-`prefill_tps` less what a recent prompt shares with it (a prompt cache), then tokens are decoded at
-`decode_tps`. Both slow down by `batch_penalty` for each other sequence running at once. `slots`
-sequences run at once, others wait in a FIFO queue; a request whose tokens would overflow the
-`kv_tokens` capacity is refused with 503 as an out-of-memory would be. A client that disconnects stops
-its sequence. `/metrics` uses llama.cpp's names, so the bench reads sim and real servers the same way.
+The server's behaviour is `bench.sim_engine.SimEngine` (llama.cpp's slots, FIFO queue,
+uninterruptible prefill, prompt cache); this module only speaks HTTP for it. A client that
+disconnects is marked gone: its task stops at the next decoded token, or is dropped when a slot
+takes it from the queue, as llama.cpp does. `/metrics` uses llama.cpp's names, so the bench reads
+sim and real servers the same way. What the "model" writes comes from `writer` (default: a
+deterministic junk text of a natural length, some ending before `max_tokens` as with EOS).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 import time
-from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from aiohttp import web
 
+from bench.sim_engine import SimEngine, SimProfile, SimRefused
 from proxy.dialects.openai import DONE, sse, text_completion
 
-
-@dataclass(frozen=True, slots=True)
-class SimProfile:
-    name: str
-    prefill_tps: float
-    decode_tps: float
-    slots: int
-    kv_tokens: int
-    chars_per_token: float
-    batch_penalty: float
-    source: str
-
+__all__ = ["PROFILES", "SimProfile", "SimServer", "junk_text", "profile"]
 
 PROFILES = {
     "embedded-cpu": SimProfile(
         "embedded-cpu", prefill_tps=350, decode_tps=60, slots=2, kv_tokens=4096, chars_per_token=3.3,
-        batch_penalty=0.9,
-        source="measured on this project's 2-core machine against the embedded llama.cpp server (gemma-3-270m "
-               "Q4_K_M, 2 slots): 336-406 tok/s prefill, 53-64 tok/s decode, 3.3 characters a token on bench/code",
+        batch_penalty=0.9, overhead_ms=8,
+        source="calibrated against the embedded llama.cpp server on this project's 2-core machine (gemma-3-270m "
+               "Q4_K_M, 2 slots): bench/reports/calibration",
+    ),
+    "gpu": SimProfile(
+        "gpu", prefill_tps=15_000, decode_tps=150, slots=4, kv_tokens=1 << 16, chars_per_token=3.3,
+        batch_penalty=0.05, overhead_ms=5,
+        source="GPU-like, derived (not measured): Mellum-4b Q8_0 on an RTX 4090 class card. Prefill from "
+               "llama.cpp's published RTX 4090 figure for llama 8B Q4_0 (pp512 10,359 t/s, ggml-org/llama.cpp "
+               "PR #7676) scaled to 4B parameters; decode from 1 TB/s over 4.3 GB of weights at ~65 % efficiency",
     ),
     "fast": SimProfile(
         "fast", prefill_tps=50_000, decode_tps=2_000, slots=2, kv_tokens=1 << 20, chars_per_token=3.3,
         batch_penalty=0.0, source="synthetic: fast enough for tests, same shape",
     ),
 }  # fmt: skip
+
+Writer = Callable[[str, str], str]  # (prompt, suffix) -> what the model writes
 
 
 def profile(name: str) -> SimProfile:
@@ -54,18 +51,17 @@ def profile(name: str) -> SimProfile:
     return PROFILES[name]
 
 
+def junk_text(prompt: str, suffix: str = "") -> str:
+    """4-43 tokens of "tok", the same for the same prompt."""
+    natural = 4 + int(hashlib.sha256((prompt + suffix).encode()).hexdigest()[:4], 16) % 40
+    return "tok" + " tok" * (natural - 1)
+
+
 class SimServer:
-    def __init__(self, spec: SimProfile) -> None:
+    def __init__(self, spec: SimProfile, writer: Writer = junk_text) -> None:
         self.spec = spec
-        self._slots = asyncio.Semaphore(spec.slots)
-        self.active = 0
-        self.deferred = 0
-        self.kv_in_use = 0
-        self.tokens_predicted = 0
-        self.prompt_tokens = 0
-        self.requests = 0
-        self.refused = 0
-        self._recent: deque[str] = deque(maxlen=8)
+        self.engine = SimEngine(spec)
+        self.writer = writer
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -86,87 +82,44 @@ class SimServer:
         return web.json_response({"object": "list", "data": [{"id": f"sim-{self.spec.name}", "object": "model"}]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        engine = self.engine
         lines = [
-            f"llamacpp:prompt_tokens_total {self.prompt_tokens}",
-            f"llamacpp:tokens_predicted_total {self.tokens_predicted}",
-            f"llamacpp:requests_processing {self.active}",
-            f"llamacpp:requests_deferred {self.deferred}",
+            f"llamacpp:prompt_tokens_total {engine.prompt_tokens}",
+            f"llamacpp:tokens_predicted_total {engine.tokens_predicted}",
+            f"llamacpp:requests_processing {engine.active}",
+            f"llamacpp:requests_deferred {engine.deferred}",
         ]
         return web.Response(text="\n".join(lines) + "\n")
 
-    def _tokens(self, text: str) -> int:
-        return math.ceil(len(text) / self.spec.chars_per_token)
-
-    def _cached(self, prompt: str) -> int:
-        best = 0
-        for old in self._recent:
-            n = 0
-            for a, b in zip(old, prompt, strict=False):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
-        return math.floor(best / self.spec.chars_per_token)
-
-    def _slowdown(self) -> float:
-        return 1 + self.spec.batch_penalty * max(0, self.active - 1)
-
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        prompt = str(body.get("prompt", "")) + str(body.get("suffix") or "")
+        prompt, suffix = str(body.get("prompt", "")), str(body.get("suffix") or "")
         max_tokens = int(body.get("max_tokens") or 16)
-        stream = bool(body.get("stream"))
-        self.requests += 1
-        prompt_tokens = self._tokens(prompt)
-        if self.kv_in_use + prompt_tokens + max_tokens > self.spec.kv_tokens:
-            self.refused += 1
-            error = {"message": "out of memory: the KV cache is full", "type": "server_error"}
-            return web.json_response({"error": error}, status=503)
-        self.kv_in_use += prompt_tokens + max_tokens
         try:
-            self.deferred += 1
-            try:
-                await self._slots.acquire()  # FIFO: the server's own queue
-            finally:
-                self.deferred -= 1
-            self.active += 1
-            try:
-                return await self._generate(request, prompt, prompt_tokens, max_tokens, stream)
-            finally:
-                self.active -= 1
-                self._slots.release()
-        finally:
-            self.kv_in_use -= prompt_tokens + max_tokens
-
-    async def _generate(self, request: web.Request, prompt: str, prompt_tokens: int, max_tokens: int,
-                        stream: bool) -> web.StreamResponse:  # fmt: skip
-        cached = min(self._cached(prompt), prompt_tokens)
-        computed = prompt_tokens - cached
-        await asyncio.sleep(computed / self.spec.prefill_tps * self._slowdown())  # the simulated prefill
-        self.prompt_tokens += computed
-        self._recent.append(prompt)
-        # a deterministic natural length: some completions end before max_tokens, as with EOS
-        natural = 4 + int(hashlib.sha256(prompt.encode()).hexdigest()[:4], 16) % 40
-        count = min(max_tokens, natural)
-        ident, created = f"sim-{self.requests}", int(time.time())
+            task = self.engine.submit(
+                prompt + suffix, max_tokens, self.writer(prompt, suffix), bool(body.get("stream"))
+            )
+        except SimRefused as exc:
+            return web.json_response({"error": {"message": str(exc), "type": "server_error"}}, status=503)
+        ident, created = f"sim-{self.engine.requests}", int(time.time())
         response = None
-        if stream:
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-        text = ""
-        for i in range(count):
-            await asyncio.sleep(self._slowdown() / self.spec.decode_tps)  # the simulated decode step
-            self.tokens_predicted += 1
-            piece = " tok" if i else "tok"
-            text += piece
-            if response is not None:
-                await response.write(sse(text_completion(ident, created, "sim", piece, None)))
-        finish = "length" if count == max_tokens else "stop"
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count, "total_tokens": prompt_tokens + count,
-                 "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+        try:
+            if body.get("stream"):
+                response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await response.prepare(request)
+            async for batch in task.stream():
+                if response is not None:
+                    await response.write(b"".join(sse(text_completion(ident, created, "sim", p, None)) for p in batch))
+        except (asyncio.CancelledError, ConnectionResetError):
+            task.leave()
+            raise
+        count = task.completion_tokens
+        usage = {"prompt_tokens": task.prompt_tokens, "completion_tokens": count,
+                 "total_tokens": task.prompt_tokens + count,
+                 "prompt_tokens_details": {"cached_tokens": task.cached_tokens}}  # fmt: skip
+        text = "".join(task.pieces)
         if response is None:
-            return web.json_response(text_completion(ident, created, "sim", text, finish, usage))
-        await response.write(sse(text_completion(ident, created, "sim", "", finish, usage)))
-        await response.write(DONE)
+            return web.json_response(text_completion(ident, created, "sim", text, task.finish_reason, usage))
+        await response.write(sse(text_completion(ident, created, "sim", "", task.finish_reason, usage)) + DONE)
         await response.write_eof()
         return response

@@ -1,9 +1,12 @@
 """`mellum-proxy bench synth`: a seeded synthetic trace that types a source file.
 
-Inter-key gaps are lognormal with a median of 200 ms and sigma 1.3 (about 38 % over 300 ms, 11 % over 1 s),
-inside bursts; after a line a thinking pause is added with probability 0.25 (lognormal, median 1.5 s).
-That lands inside the published ranges for fluent typists in an editor: median 150-250 ms, 20-55 % of
-gaps over 300 ms, 8-40 % over 1 s (see bench/traces/README.md). The editor's auto-indent arrives as one
+Inter-key gaps are lognormal with sigma 1.3 around the typist's median (`medium`: 200 ms, about 38 %
+over 300 ms, 11 % over 1 s), inside bursts; after a line a thinking pause is added with probability
+0.25 (lognormal, median 1.5 s). `medium` lands inside the published ranges for fluent typists in an
+editor: median 150-250 ms, 20-55 % of gaps over 300 ms, 8-40 % over 1 s (see bench/traces/README.md).
+`fast` (120 ms) is the fastest typists of Dhakal et al., "Observations on Typing from 136 Million
+Keystrokes" (CHI 2018: mean inter-key interval 239 ms, top typists about 100-120 ms); `slow` (550 ms)
+is the novice figure in bench/traces/README.md. The editor's auto-indent arrives as one
 multi-character insert after each newline, as real editors do.
 """
 
@@ -15,19 +18,23 @@ from pathlib import Path
 from bench.trace import FORMAT, Edit, Event, Open, Trace
 
 MEDIAN_GAP_MS = 200.0
+TYPISTS = {"slow": 550.0, "medium": MEDIAN_GAP_MS, "fast": 120.0}  # median inter-key gap, ms
 SIGMA = 1.3
 PAUSE_PROBABILITY = 0.25
 PAUSE_MEDIAN_MS = 1500.0
 
 
-def synthesize(source: str, name: str, seed: int = 0, limit_chars: int | None = None) -> Trace:
+def synthesize(source: str, name: str, seed: int = 0, limit_chars: int | None = None, typist: str = "medium") -> Trace:
+    if typist not in TYPISTS:
+        raise ValueError(f"unknown typist '{typist}' (known: {', '.join(TYPISTS)})")
+    median = TYPISTS[typist]
     rng = random.Random(seed)
     text = source if limit_chars is None else source[:limit_chars]
     events: list[Event] = [Open(0, name, "")]
     t, position, i = 0.0, 0, 0
     while i < len(text):
         char = text[i]
-        t += rng.lognormvariate(0, SIGMA) * MEDIAN_GAP_MS
+        t += rng.lognormvariate(0, SIGMA) * median
         if char == "\n":
             indent = len(text[i + 1 :]) - len(text[i + 1 :].lstrip(" \t"))
             indent = min(indent, len(text[i + 1 :].split("\n", 1)[0]))
@@ -40,9 +47,10 @@ def synthesize(source: str, name: str, seed: int = 0, limit_chars: int | None = 
         events.append(Edit(round(t), name, position, 0, char))
         position += 1
         i += 1
-    header = {"format": FORMAT, "source": f"bench synth seed={seed} of {name}", "license": "same as the source file"}
+    source_note = f"bench synth --typist {typist} seed={seed} of {name}"
+    header = {"format": FORMAT, "source": source_note, "license": "same as the source file"}
     return Trace(events, header)
 
 
-def synthesize_file(path: Path, seed: int = 0, limit_chars: int | None = None) -> Trace:
-    return synthesize(path.read_text(), path.name, seed, limit_chars)
+def synthesize_file(path: Path, seed: int = 0, limit_chars: int | None = None, typist: str = "medium") -> Trace:
+    return synthesize(path.read_text(), path.name, seed, limit_chars, typist)

@@ -4,8 +4,8 @@ require('minuet').setup {
   provider = 'openai_fim_compatible',
   n_completions = 1,
   request_timeout = 1.5,
-  throttle = 150,
-  debounce = 150,
+  throttle = 1,
+  debounce = 1,
   provider_options = {
     openai_fim_compatible = {
       api_key = 'TERM',

@@ -1,15 +1,24 @@
 """`CompletionService`: one completion from a normalized request to its `Answer`, with its record.
 
-The steps, in order: debounce -> comment/string skip -> supersede (per-session admission) ->
-deadline -> context budget -> global admission queue -> upstream stream -> answer. Telemetry
-observes; the record is closed in `finally`. A request that a policy drops is answered with an
-empty (or partial) completion and its outcome, never with an error. This module knows no HTTP:
-the edge (`proxy.http`) adapts the `Answer` protocol to a response.
+The steps, in order: typed-through reuse -> dispatch hold -> comment/string skip -> supersede
+(per-session admission) -> deadline -> context budget -> global admission queue -> upstream stream
+-> answer. Telemetry observes; the record is closed in `finally`. A request that a policy drops is
+answered with an empty (or partial) completion and its outcome, never with an error. This module
+knows no HTTP: the edge (`proxy.http`) adapts the `Answer` protocol to a response.
+
+Each upstream request streams in a task of its own (a `Flight`) that holds its admission slot, so
+that it can outlive the client request that started it:
+- a newer keystroke that types through it follows it instead of cancelling it (reuse);
+- a cancelled one keeps its slot until the server has really let it go (server-true admission:
+  llama.cpp finishes a prefill it has started, and keeps a queued task until it would start);
+- one past its first-token deadline is answered at once, but may finish its prefill while no one
+  waits for the slot, so the next keystroke finds a warm prompt cache (`keep_prefill`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -19,14 +28,22 @@ from proxy.budget import ContextBudget, cursor_in_comment_or_string
 from proxy.clock import LOOP_CLOCK, Clock
 from proxy.errors import ProxyError
 from proxy.models import Answer, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
-from proxy.policies import AdmissionQueue, Deadline, Debouncer, QueueFullError, Supersede, Ticket
+from proxy.policies import AdmissionQueue, Deadline, Debouncer, Dispatch, Lease, QueueFullError, Supersede, Ticket
+from proxy.policies.reuse import Flight, Hit, ReuseCache
 from proxy.telemetry import RequestRecord, Telemetry
+
+KEEP_PREFILL_MAX_S = 2.0  # the longest a timed-out request may go on to finish its prefill
+TAKEOVER_GRACE_S = 0.05  # how long an abandoned stream waits for a newer keystroke to take it over
+LET_GO_TIMEOUT_S = 2.0  # the longest a cancelled request keeps its slot waiting for the server
+TTFT_WEIGHT = 0.2  # of the newest first-token time, in the running estimate of the server's prefill
 
 
 class CompletionSource(Protocol):
     """The one thing the service needs from a model server (`UpstreamClient` in production).
 
-    It yields the completion in batches: the chunks that arrived together (one network read).
+    It yields the completion in batches: the chunks that arrived together (one network read). A
+    source may also offer `let_go(held, timeout_s) -> bool`: wait until the server holds at most
+    `held` requests, True if the server said so (False: it cannot tell).
     """
 
     def stream_completion(
@@ -45,6 +62,9 @@ class Policies:
     timeout_ms: int = 0
     complete_in_comments: bool = True
     clock: Clock = field(default=LOOP_CLOCK)
+    dispatch: Dispatch | None = None  # None: the debouncer's fixed window
+    reuse: ReuseCache | None = None
+    keep_prefill: bool = False
 
 
 class CompletionService:
@@ -58,6 +78,8 @@ class CompletionService:
         self.budget = budget
         self.telemetry = telemetry
         self.clock = policies.clock
+        self.prefill_s: float | None = None  # running estimate of the time to first token
+        self._flights: set[asyncio.Task[None]] = set()
 
     async def complete(self, request: NormalizedRequest, answer: Answer) -> None:
         """Answer `request`; a `ProxyError` becomes `answer.fail`, never a raise."""
@@ -79,6 +101,11 @@ class CompletionService:
         finally:
             self.telemetry.finish(record, completion)
 
+    async def drain(self) -> None:
+        """Wait for the upstream requests still running (for shutdown and tests)."""
+        while self._flights:
+            await asyncio.gather(*self._flights, return_exceptions=True)
+
     async def _warm_up(
         self, request: NormalizedRequest, answer: Answer, completion: Completion, record: RequestRecord
     ) -> Outcome:
@@ -90,8 +117,8 @@ class CompletionService:
         prompt = await self.budget.apply(request)
         if not self.policies.admission.has_free_slot():
             return Outcome.SKIPPED
-        async with self.policies.admission.slot():
-            await self._stream(request, prompt, answer, completion, record, None, None)
+        lease = await self.policies.admission.acquire()
+        await self._stream(request, prompt, answer, completion, record, lease, None, None)
         return Outcome.OK
 
     async def _run(
@@ -100,15 +127,14 @@ class CompletionService:
         policies, clock = self.policies, self.clock
         if request.warm_up:
             return await self._warm_up(request, answer, completion, record)
-        if policies.debouncer.window_s > 0:
-            held_from = clock.now()
-            go_on = await policies.debouncer.hold(request.session)
-            record.debounce_ms = (clock.now() - held_from) * 1000
-            if not go_on:
-                return Outcome.DEBOUNCED
-        else:  # no window: nothing is held, and the clock (a system call on some machines) is not read
-            await policies.debouncer.hold(request.session)
-            record.debounce_ms = 0.0
+        if policies.reuse is not None:
+            hit = policies.reuse.lookup(request)
+            if hit is not None:
+                outcome = await self._reuse(request, hit, answer, completion, record)
+                if outcome is not None:
+                    return outcome
+        if not await self._hold(request, record):
+            return Outcome.DEBOUNCED
         if not policies.complete_in_comments and request.suffix is not None:
             inside = cursor_in_comment_or_string(request.prefix, request.suffix, request.file_path, request.language)
             if inside:
@@ -125,15 +151,92 @@ class CompletionService:
                 waits = not policies.admission.has_free_slot()  # else the slot is taken without a wait
                 queued_from = clock.now() if waits else 0.0
                 try:
-                    async with policies.admission.slot(ticket.scope):
-                        record.queue_ms = (clock.now() - queued_from) * 1000 if waits else 0.0
-                        ticket.running = True
-                        await self._stream(request, prompt, answer, completion, record, ticket, deadline)
+                    lease = await policies.admission.acquire(ticket.scope)
                 except QueueFullError:
                     return Outcome.QUEUE_FULL
+                record.queue_ms = (clock.now() - queued_from) * 1000 if waits else 0.0
+                ticket.running = True
+                await self._stream(request, prompt, answer, completion, record, lease, ticket, deadline)
             if ticket.scope.cancelled_caught:
                 return Outcome.CANCELLED if ticket.superseded else Outcome.TIMEOUT
         return Outcome.OK
+
+    async def _hold(self, request: NormalizedRequest, record: RequestRecord) -> bool:
+        """The dispatch hold; False when a newer request of the session replaced this one meanwhile."""
+        policies = self.policies
+        dispatch = policies.dispatch
+        if dispatch is None:
+            window = policies.debouncer.window_s
+        else:
+            busy = not policies.admission.has_free_slot() or policies.supersede.admitted(request.session) > 0
+            window = dispatch.hold_s(request.session, busy)
+        if window <= 0:  # nothing is held, and the clock (a system call on some machines) is not read
+            await policies.debouncer.hold(request.session, 0)
+            record.debounce_ms = 0.0
+            return True
+        held_from = self.clock.now()
+        go_on = await policies.debouncer.hold(request.session, window)
+        record.debounce_ms = (self.clock.now() - held_from) * 1000
+        return go_on
+
+    async def _reuse(
+        self, request: NormalizedRequest, hit: Hit, answer: Answer, completion: Completion, record: RequestRecord
+    ) -> Outcome | None:
+        """Answer from an earlier completion the person typed through; None when it turned out not to fit
+        before anything was sent (the request then goes on as usual)."""
+        policies = self.policies
+        flight = hit.entry.flight
+        source = flight.completion
+        completion.model, completion.created = source.model, source.created
+        completion.upstream_id = source.upstream_id  # whose completion this is the rest of
+        if flight.done:
+            rest = hit.rest()
+            if rest is None:
+                return None
+            return await self._send_reused(completion, answer, record, rest, source.finish_reason)
+        # Still streaming: follow it (a newer keystroke supersedes this request as it would any other).
+        flight.listeners += 1
+        sent = 0
+        try:
+            with policies.supersede.admit(request.session) as ticket:
+                deadline = Deadline.start(self.clock, policies.ttft_timeout_ms, policies.timeout_ms)
+                ticket.scope.deadline = deadline.first_token
+                with ticket.scope:
+                    seen = 0
+                    while True:
+                        await flight.wait(seen)
+                        seen = len(flight.batches)
+                        text = source.text
+                        if not (text.startswith(hit.typed) or hit.typed.startswith(text)):
+                            break  # it wrote something else than what was typed
+                        if len(text) > len(hit.typed) + sent:
+                            piece = text[len(hit.typed) + sent :]
+                            if not sent:
+                                self.telemetry.first_token(record)
+                                ticket.scope.deadline = deadline.total
+                            sent += len(piece)
+                            chunk = Chunk(piece)
+                            completion.add(chunk)
+                            await answer.send(completion, [chunk])
+                        if flight.done:
+                            break
+                if ticket.scope.cancelled_caught:
+                    return Outcome.CANCELLED if ticket.superseded else Outcome.TIMEOUT
+        finally:
+            self._leave(flight)
+        if not sent:
+            return None
+        completion.finish_reason = source.finish_reason if flight.ok else "stop"
+        return Outcome.REUSED
+
+    async def _send_reused(
+        self, completion: Completion, answer: Answer, record: RequestRecord, rest: str, finish: str | None
+    ) -> Outcome:
+        chunk = Chunk(rest, finish_reason=finish or "stop")
+        completion.add(chunk)
+        self.telemetry.first_token(record)
+        await answer.send(completion, [chunk])
+        return Outcome.REUSED
 
     async def _stream(
         self,
@@ -142,22 +245,135 @@ class CompletionService:
         answer: Answer,
         completion: Completion,
         record: RequestRecord,
+        lease: Lease,
         ticket: Ticket | None,
         deadline: Deadline | None,
     ) -> None:
+        """Start the upstream request in its own task (it owns `lease`) and relay it to `answer`."""
         record.reached_upstream = True
-        async with aclosing(self.upstream.stream_completion(request, prompt)) as batches:
-            async for batch in batches:
-                has_text = False
-                for chunk in batch:
-                    completion.add(chunk)
-                    has_text = has_text or chunk.has_text
-                if has_text and record.ttft_ms is None:
-                    self.telemetry.first_token(record)
-                    if ticket is not None and deadline is not None:
-                        ticket.scope.deadline = deadline.total  # the first-token deadline is met
-                await answer.send(completion, batch)
+        flight = Flight(Completion(id=completion.id, truncated=completion.truncated))
+        producer = asyncio.get_running_loop().create_task(self._produce(request, prompt, flight, lease))
+        self._flights.add(producer)
+        producer.add_done_callback(self._flights.discard)
+        if self.policies.reuse is not None and not request.warm_up:
+            self.policies.reuse.remember(request, flight)
+        flight.producer = producer
+        seen = 0
+        try:
+            while True:
+                await flight.wait(seen)
+                for batch in flight.batches[seen:]:
+                    seen += 1
+                    for chunk in batch:
+                        completion.add(chunk)  # what this client was sent, and nothing more
+                    if record.ttft_ms is None and any(chunk.has_text for chunk in batch):
+                        self.telemetry.first_token(record)
+                        if ticket is not None and deadline is not None:
+                            ticket.scope.deadline = deadline.total  # the first-token deadline is met
+                    await answer.send(completion, batch)
+                if flight.done and seen == len(flight.batches):
+                    break
+        finally:
+            timed_out = ticket is not None and ticket.scope.cancel_called and not ticket.superseded
+            self._leave(flight, timed_out=timed_out and record.ttft_ms is None)
+        if flight.error is not None:
+            raise flight.error
         record.upstream_status = 200
-        prompt_tokens = (completion.usage or {}).get("prompt_tokens")
-        if isinstance(prompt_tokens, int):
-            self.budget.observe(prompt.prompt, prompt_tokens)  # calibrates the `chars` estimate
+
+    def _leave(self, flight: Flight, timed_out: bool = False) -> None:
+        """One relay of `flight` is done; the upstream request is dropped when no one follows it any more,
+        unless it is past its first-token deadline and may finish its prefill (see `keep_prefill`)."""
+        flight.listeners -= 1
+        producer = flight.producer
+        if flight.listeners > 0 or producer is None or producer.done():
+            return
+        admission = self.policies.admission
+        if timed_out and self.policies.keep_prefill and admission.depth == 0:
+            flight.stop_at_first_token = True
+            watcher = asyncio.get_running_loop().create_task(self._cancel_when_needed(producer))
+            self._flights.add(watcher)
+            watcher.add_done_callback(self._flights.discard)
+            return
+        if self.policies.reuse is not None and admission.depth == 0:
+            # The plugin cancels its request first and sends the next keystroke's right after: that one
+            # may type through this completion and take it over, so it goes on a moment longer.
+            self.clock.call_later(TAKEOVER_GRACE_S, _cancel_unfollowed, flight, producer)
+            return
+        producer.cancel()
+
+    async def _cancel_when_needed(self, producer: asyncio.Task[None]) -> None:
+        """Drop a prefill-only upstream request as soon as another request waits for its slot, or after
+        `KEEP_PREFILL_MAX_S` (a prefill that long is not worth a slot)."""
+        admission = self.policies.admission
+        with contextlib.suppress(TimeoutError):
+            await admission.changes.wait_for(lambda: admission.depth > 0 or producer.done(), KEEP_PREFILL_MAX_S)
+        producer.cancel()
+
+    async def _produce(self, request: NormalizedRequest, prompt: BudgetedPrompt, flight: Flight, lease: Lease) -> None:
+        """The upstream request: fold its batches into the flight; then give the slot back once the server
+        has let the request go."""
+        completion = flight.completion
+        sent_at = self.clock.now()
+        finished = False
+        try:
+            async with aclosing(self.upstream.stream_completion(request, prompt)) as batches:
+                async for batch in batches:
+                    has_text = False
+                    for chunk in batch:
+                        completion.add(chunk)
+                        has_text = has_text or chunk.has_text
+                    if has_text and flight.first_text_at is None:
+                        flight.first_text_at = self.clock.now()
+                        self._learn_prefill(flight.first_text_at - sent_at)
+                    flight.push(list(batch))
+                    if has_text and flight.stop_at_first_token:
+                        break  # the prefill is in the cache: that is all it was kept for
+                else:
+                    finished = True
+            prompt_tokens = (completion.usage or {}).get("prompt_tokens")
+            if finished and isinstance(prompt_tokens, int):
+                self.budget.observe(prompt.prompt, prompt_tokens)  # calibrates the `chars` estimate
+            flight.end()
+        except ProxyError as error:
+            flight.end(error)
+            finished = True  # the server answered (with an error): it holds nothing
+        except Exception as error:  # unexpected: raised again in the relay, where the client is answered
+            flight.end(error)
+        except BaseException:
+            flight.end()
+            raise
+        finally:
+            if finished:
+                lease.release()
+            else:
+                releaser = asyncio.get_running_loop().create_task(self._release_when_let_go(lease, sent_at))
+                self._flights.add(releaser)
+                releaser.add_done_callback(self._flights.discard)
+
+    def _learn_prefill(self, seconds: float) -> None:
+        old = self.prefill_s
+        self.prefill_s = seconds if old is None else old + TTFT_WEIGHT * (seconds - old)
+
+    async def _release_when_let_go(self, lease: Lease, sent_at: float) -> None:
+        """Keep a dropped request's slot until the server holds no more than the proxy's other requests.
+
+        With a server that can say (`let_go`: llama.cpp's `/metrics` or `/slots`), until it says so;
+        otherwise until the typical time to first token has passed since it was sent (the prefill the
+        server will finish anyway). At most `LET_GO_TIMEOUT_S`.
+        """
+        try:
+            let_go = getattr(self.upstream, "let_go", None)
+            others = self.policies.admission.running - 1
+            if let_go is not None and await let_go(others, LET_GO_TIMEOUT_S):
+                return
+            if self.prefill_s is not None:
+                wait = min(LET_GO_TIMEOUT_S, sent_at + self.prefill_s - self.clock.now())
+                if wait > 0:
+                    await asyncio.sleep(wait)
+        finally:
+            lease.release()
+
+
+def _cancel_unfollowed(flight: Flight, producer: asyncio.Task[None]) -> None:
+    if flight.listeners == 0 and not producer.done():
+        producer.cancel()

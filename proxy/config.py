@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
@@ -58,7 +58,20 @@ class Settings(BaseSettings):
     shutdown_timeout_s: float = Field(5.0, ge=0, description="Grace period for in-flight requests on exit.")
 
     # --- completion policies -----------------------------------------------------------------
-    debounce_ms: int = Field(150, ge=0, description="Hold each request this long; a newer one replaces it.")
+    dispatch: Literal["adaptive", "fixed"] = Field(
+        "adaptive", description="How long a request is held: from typing rhythm and server load, or debounce_ms."
+    )
+    debounce_ms: int = Field(
+        150, ge=0, description="dispatch=fixed: hold each request this long (setting it alone selects fixed)."
+    )
+    hold_idle_max_ms: int = Field(0, ge=0, description="adaptive: longest hold while the upstream is idle.")
+    hold_busy_max_ms: int = Field(150, ge=0, description="adaptive: longest hold while the upstream is busy.")
+    hold_min_ms: int = Field(0, ge=0, description="adaptive: every request is held at least this long.")
+    hold_gap_factor: float = Field(1.0, ge=0, le=10, description="adaptive: hold = this x the median typing gap.")
+    reuse: bool = Field(True, description="Answer typed-through keystrokes from the previous completion.")
+    keep_prefill: bool = Field(
+        True, description="A request past its first-token deadline may finish its prefill while no one waits."
+    )
     max_inflight: int = Field(1, ge=1, description="Admitted requests per session; the oldest is cancelled.")
     max_concurrency: int = Field(0, ge=0, description="Requests upstream at once (0: upstream slot count).")
     max_queue: int = Field(8, ge=0, description="Requests waiting for an upstream slot; more are refused.")
@@ -117,6 +130,13 @@ class Settings(BaseSettings):
         if not value.strip().startswith(("http://", "https://")):
             raise ValueError("expected an http:// or https:// URL")
         return upstream_base_url(value)
+
+    @property
+    def dispatch_rule(self) -> str:
+        """`dispatch`, except that setting `debounce_ms` without `dispatch` asks for the fixed hold."""
+        if "debounce_ms" in self.model_fields_set and "dispatch" not in self.model_fields_set:
+            return "fixed"
+        return self.dispatch
 
     @property
     def listen_host(self) -> str:

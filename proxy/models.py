@@ -21,6 +21,7 @@ class Outcome(enum.StrEnum):
     """How a client request ended. The names are stable: they appear in logs and headers."""
 
     OK = "ok"
+    REUSED = "reused"  # answered from the session's previous completion, no upstream request
     DEBOUNCED = "debounced"
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"

@@ -1,8 +1,10 @@
 """`mellum-proxy editor-config NAME`: a plugin's config file, filled in with the proxy's settings.
 
 The templates are package data; `editor-configs/` in the repository holds them rendered with the
-defaults (a test keeps the two equal). Plugin-side settings follow the tuning guide: trigger delay as the
-proxy's debounce, one request in flight, the request timeout and context the proxy enforces.
+defaults (a test keeps the two equal). Plugin-side settings follow the tuning guide: one request in
+flight, the request timeout and context the proxy enforces, and a trigger delay that adds nothing the
+proxy would not: 1 ms under `dispatch=adaptive` (the proxy decides each hold, and a plugin-side delay
+would be added to every pause), `debounce_ms` under `dispatch=fixed`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def values(settings: Settings) -> dict[str, str]:
         "base_url": base,
         "host": host,
         "port": str(settings.listen_port),
-        "debounce_ms": str(max(settings.debounce_ms, 1)),
+        "debounce_ms": str(max(settings.debounce_ms, 1) if settings.dispatch_rule == "fixed" else 1),
         "timeout_ms": str(settings.timeout_ms or 1500),
         "timeout_s": f"{(settings.timeout_ms or 1500) / 1000:g}",
         "max_context_tokens": str(settings.max_context_tokens),

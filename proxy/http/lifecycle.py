@@ -34,7 +34,8 @@ from proxy.http.keys import (
     UPSTREAM,
 )
 from proxy.http.probes import UpstreamProbes
-from proxy.policies import AdmissionQueue, Debouncer, Supersede
+from proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
+from proxy.policies.reuse import ReuseCache
 from proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetrics, Telemetry
 from proxy.upstream import UpstreamClient
 from proxy.upstream.embedded import EmbeddedServer, packaged_model
@@ -129,14 +130,20 @@ def build_policies(settings: Settings, slots: int | None = None, clock: Clock = 
         limit = slots or 1
         why = f"the upstream's {slots} slots" if slots else "1 until the upstream says how many slots it has"
         log.info("max_concurrency: %s", why)
+    fixed = settings.dispatch_rule == "fixed"
+    dispatch = None if fixed else Dispatch(None, settings.hold_idle_max_ms / 1000, settings.hold_busy_max_ms / 1000,
+                                           settings.hold_gap_factor, clock, settings.hold_min_ms / 1000)  # fmt: skip
     return Policies(
-        debouncer=Debouncer(settings.debounce_ms / 1000, clock),
+        debouncer=Debouncer(settings.debounce_ms / 1000 if fixed else 0.0, clock),
         supersede=Supersede(settings.max_inflight),
         admission=AdmissionQueue(limit, settings.max_queue),
         ttft_timeout_ms=settings.ttft_timeout_ms,
         timeout_ms=settings.timeout_ms,
         complete_in_comments=settings.complete_in_comments,
         clock=clock,
+        dispatch=dispatch,
+        reuse=ReuseCache() if settings.reuse else None,
+        keep_prefill=settings.keep_prefill,
     )
 
 

@@ -5,9 +5,10 @@ Each module owns one rule: `debounce` (hold, and drop what a newer request repla
 upstream concurrency with a bounded FIFO queue) and `deadline` (first-token and total deadlines).
 """
 
-from proxy.policies.admission import AdmissionQueue, QueueFullError
+from proxy.policies.admission import AdmissionQueue, Lease, QueueFullError
 from proxy.policies.deadline import Deadline
 from proxy.policies.debounce import Debouncer
+from proxy.policies.dispatch import Dispatch
 from proxy.policies.supersede import Supersede, Ticket
 
-__all__ = ["AdmissionQueue", "Deadline", "Debouncer", "QueueFullError", "Supersede", "Ticket"]
+__all__ = ["AdmissionQueue", "Deadline", "Debouncer", "Dispatch", "Lease", "QueueFullError", "Supersede", "Ticket"]

@@ -32,6 +32,22 @@ class _Waiter:
         return not self.future.done() and not (self.scope is not None and self.scope.cancel_called)
 
 
+class Lease:
+    """One held upstream slot. It may outlive the request that took it: a cancelled upstream request
+    keeps its slot until the server has really let it go (see `proxy.completion`)."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: AdmissionQueue) -> None:
+        self._queue: AdmissionQueue | None = queue
+
+    def release(self) -> None:
+        """Give the slot back (once; later calls do nothing)."""
+        queue, self._queue = self._queue, None
+        if queue is not None:
+            queue._release()
+
+
 class AdmissionQueue:
     def __init__(self, limit: int, max_queue: int) -> None:
         self.limit = max(1, limit)
@@ -61,9 +77,8 @@ class AdmissionQueue:
         """A request would get a slot right now, without queueing."""
         return self.running < self.limit and self.depth == 0
 
-    @asynccontextmanager
-    async def slot(self, scope: anyio.CancelScope | None = None) -> AsyncIterator[None]:
-        """Hold one upstream slot for the body of the `async with`.
+    async def acquire(self, scope: anyio.CancelScope | None = None) -> Lease:
+        """Take one upstream slot, waiting in the queue if none is free; `Lease.release()` gives it back.
 
         Args:
             scope: the request's cancel scope; once it is cancelled the request stops counting as queued.
@@ -77,10 +92,16 @@ class AdmissionQueue:
         else:
             await self._wait(scope)
         self.max_running_seen = max(self.max_running_seen, self.running)
+        return Lease(self)
+
+    @asynccontextmanager
+    async def slot(self, scope: anyio.CancelScope | None = None) -> AsyncIterator[None]:
+        """Hold one upstream slot for the body of the `async with` (see `acquire`)."""
+        lease = await self.acquire(scope)
         try:
             yield
         finally:
-            self._release()
+            lease.release()
 
     async def _wait(self, scope: anyio.CancelScope | None) -> None:
         if self.depth >= self.max_queue:

@@ -26,17 +26,19 @@ class Debouncer:
         """Requests currently held (for status and tests)."""
         return len(self._held)
 
-    async def hold(self, session: str) -> bool:
-        """Wait out the window. True: go on; False: a newer request of `session` replaced this one."""
+    async def hold(self, session: str, window_s: float | None = None) -> bool:
+        """Wait out the window (`window_s`, default the debouncer's). True: go on; False: a newer request
+        of `session` replaced this one. A held request of the session is replaced even by a 0 window."""
         previous = self._held.pop(session, None)
         if previous is not None and not previous.done():
             previous.set_result(False)
-        if self.window_s <= 0:
+        window = self.window_s if window_s is None else window_s
+        if window <= 0:
             return True
         mine: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._held[session] = mine
         self.changes.notify()
-        timer = self.clock.call_later(self.window_s, _resolve, mine, True)
+        timer = self.clock.call_later(window, _resolve, mine, True)
         try:
             return await mine
         finally:

@@ -63,6 +63,42 @@ class UpstreamClient:
     def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
+        self._held_source: str | None = ""  # "": not probed yet; None: the server cannot say
+
+    async def held(self) -> int | None:
+        """Requests the server holds now, running and queued (llama.cpp `/metrics` `requests_processing +
+        requests_deferred`; else `/slots` `is_processing`, which misses its queue); None if it cannot say."""
+        for source in [self._held_source] if self._held_source else ["/metrics", "/slots"]:
+            try:
+                async with self.session.get(self.url(source), timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                    if resp.status >= 400:
+                        continue
+                    text = await resp.text()
+            except (aiohttp.ClientError, TimeoutError):
+                return None
+            held = _held_from(source, text)
+            if held is not None:
+                self._held_source = source
+                return held
+        if self._held_source == "":
+            self._held_source = None
+        return None
+
+    async def let_go(self, held: int, timeout_s: float) -> bool:
+        """Wait until the server holds at most `held` requests; False when it cannot say (or `timeout_s`
+        passed first). Polled every `LET_GO_POLL_S`: only cancelled requests wait on this."""
+        if self._held_source is None:
+            return False
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout_s
+        while loop.time() < until:
+            now = await self.held()
+            if now is None:
+                return False
+            if now <= held:
+                return True
+            await asyncio.sleep(LET_GO_POLL_S)
+        return False
 
     def url(self, path: str) -> str:
         return self.base_url + path
@@ -179,3 +215,26 @@ class UpstreamClient:
         models = await self.get_json("/v1/models")
         data = models.get("data") if isinstance(models, dict) else None
         return [str(m["id"]) for m in data or [] if isinstance(m, dict) and "id" in m]
+
+
+LET_GO_POLL_S = 0.01
+
+
+def _held_from(source: str, text: str) -> int | None:
+    if source == "/slots":
+        try:
+            slots = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(slots, list):
+            return None
+        return sum(1 for slot in slots if isinstance(slot, dict) and slot.get("is_processing"))
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(("llamacpp:requests_processing ", "llamacpp:requests_deferred ")):
+            name, _, value = line.partition(" ")
+            try:
+                values[name] = float(value)
+            except ValueError:
+                return None
+    return int(sum(values.values())) if len(values) == 2 else None

@@ -131,11 +131,23 @@ async def test_concurrency_defaults_to_the_upstream_slots(make_proxy: ProxyFacto
 
 async def test_first_token_deadline(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
     fake, url = await fake_upstream(first_token_delay_s=30)
-    proxy = await make_proxy(upstream=url, debounce_ms=0, ttft_timeout_ms=200, timeout_ms=0)
+    proxy = await make_proxy(upstream=url, debounce_ms=0, ttft_timeout_ms=200, timeout_ms=0, keep_prefill=False)
     resp = await proxy.post("/v1/completions", json={"prompt": "x"})
     assert resp.headers["X-Mellum-Outcome"] == "timeout"
     assert (await resp.json())["choices"][0]["finish_reason"] == "length"
     await fake.wait_until(lambda f: f.disconnects == 1)
+
+
+async def test_a_timed_out_request_may_finish_its_prefill(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
+    """Answered at the deadline, but the upstream request goes on to its first token (the prompt cache
+    is then warm for the next keystroke) and stops there."""
+    fake, url = await fake_upstream(first_token_delay_s=0.5, tokens=1000, token_delay_s=0.01)
+    proxy = await make_proxy(upstream=url, debounce_ms=0, ttft_timeout_ms=100, timeout_ms=0)
+    resp = await proxy.post("/v1/completions", json={"prompt": "x"})
+    assert resp.headers["X-Mellum-Outcome"] == "timeout"
+    assert fake.disconnects == 0  # still prefilling
+    await fake.wait_until(lambda f: f.disconnects == 1)
+    assert 0 < fake.sent_tokens < 1000
 
 
 async def test_total_deadline_returns_the_text_so_far(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
@@ -199,7 +211,8 @@ async def test_client_gone_while_streaming_aborts_the_upstream(make_proxy: Proxy
     await fake.wait_until(lambda f: f.disconnects == 1)
     await records(proxy).changes.wait_for(lambda: len(records(proxy)) == 1)
     assert outcomes(proxy) == ["client_gone"]
-    assert proxy.app[POLICIES].admission.running == 0
+    admission = proxy.app[POLICIES].admission
+    await admission.changes.wait_for(lambda: admission.running == 0)  # once the server has let it go
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -3,9 +3,11 @@ in virtual time (each example costs no real time and does not depend on an idle 
 
 Invariants: never more than max_concurrency requests upstream at once; every request that stays
 connected gets exactly one answer, and that answer is right for its outcome (a whole completion for
-`ok`, nothing for `debounced`/`queue_full`, a prefix of the completion for `cancelled`/`timeout`, never
-an error); outcomes only come from policies that are switched on; the newest request of a session is
-never debounced or cancelled; nothing (task, upstream stream, queue place, held request) is left behind.
+`ok`, nothing for `debounced`/`queue_full`, a prefix of the completion for `cancelled`/`timeout`, for
+`reused` exactly the earlier completion minus what was typed, never an error); outcomes only come from
+policies that are switched on; the newest request of a session is never debounced or cancelled; nothing
+(task, upstream stream, queue place, held request) is left behind. Each schedule runs with the fixed
+or the adaptive hold, with and without typed-through reuse and kept prefills.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from proxy.budget import BudgetSettings, CharsEstimator, ContextBudget
 from proxy.completion import CompletionService, Policies
 from proxy.errors import ProxyError
 from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
-from proxy.policies import AdmissionQueue, Debouncer, Supersede
+from proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
+from proxy.policies.reuse import ReuseCache
 from proxy.telemetry import RecentRecords, Telemetry
 from tests.virtual_time import run_virtual
 
@@ -72,6 +75,7 @@ arrival = st.tuples(
     st.sampled_from("abc"),  # session
     st.one_of(st.none(), st.integers(0, 30)),  # disconnect after this many ms, or never
     st.integers(1, 8),  # tokens
+    st.integers(0, 4),  # characters typed through ("x"s after the prefix "p")
 )
 
 
@@ -82,30 +86,41 @@ options = st.fixed_dictionaries(
         "max_concurrency": st.integers(1, 3),
         "max_queue": st.integers(0, 3),
         "timeout_ms": st.sampled_from([0, 8, 40]),
+        "adaptive": st.booleans(),
+        "reuse": st.booleans(),
+        "keep_prefill": st.booleans(),
     }
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schedule=st.lists(arrival, min_size=1, max_size=14), options=options)
-def test_policy_invariants(schedule: list[tuple[int, str, int | None, int]], options: dict[str, int]) -> None:
+def test_policy_invariants(schedule: list[tuple[int, str, int | None, int, int]], options: dict[str, int]) -> None:
     run_virtual(_run(schedule, **options))
 
 
 async def _run(
-    schedule: list[tuple[int, str, int | None, int]],
+    schedule: list[tuple[int, str, int | None, int, int]],
     debounce_ms: int,
     max_inflight: int,
     max_concurrency: int,
     max_queue: int,
     timeout_ms: int,
+    adaptive: bool,
+    reuse: bool,
+    keep_prefill: bool,
 ) -> None:
     upstream = MemoryUpstream()
+    dispatch = Dispatch(None, hold_busy_max_s=debounce_ms / 1000, hold_min_s=debounce_ms / 3000) if adaptive else None
     policies = Policies(
-        Debouncer(debounce_ms / 1000),
+        Debouncer(0 if adaptive else debounce_ms / 1000),
         Supersede(max_inflight),
         AdmissionQueue(max_concurrency, max_queue),
         timeout_ms=timeout_ms,
+        ttft_timeout_ms=timeout_ms // 2,
+        dispatch=dispatch,
+        reuse=ReuseCache() if reuse else None,
+        keep_prefill=keep_prefill,
     )
     budget = ContextBudget(BudgetSettings(max_context_tokens=1 << 20, max_tokens=1 << 10), CharsEstimator())
     service = CompletionService(upstream, policies, budget, Telemetry(RecentRecords()))
@@ -113,9 +128,10 @@ async def _run(
     tasks: list[asyncio.Task[Any]] = []
     disconnects: list[asyncio.TimerHandle] = []
     loop = asyncio.get_running_loop()
-    for i, (gap_ms, session, leave_ms, tokens) in enumerate(schedule):
+    for i, (gap_ms, session, leave_ms, tokens, typed) in enumerate(schedule):
         await asyncio.sleep(gap_ms / 1000)  # the arrival schedule, in virtual time
-        request = NormalizedRequest(id=str(i), dialect="test", session=session, prefix="p", max_tokens=tokens)
+        request = NormalizedRequest(id=str(i), dialect="test", session=session, prefix="p" + "x" * typed,
+                                    suffix="s", max_tokens=tokens)  # fmt: skip
         answer = RecordingAnswer()
         tasks.append(asyncio.create_task(service.complete(request, answer)))
         answers.append(answer)
@@ -125,10 +141,11 @@ async def _run(
         results = await asyncio.gather(*tasks, return_exceptions=True)
     for handle in disconnects:
         handle.cancel()
+    await service.drain()  # upstream requests that outlive their client: kept prefills, awaited let-go
 
     assert upstream.max_active <= max_concurrency
     gone = [isinstance(result, asyncio.CancelledError) for result in results]
-    last_of_session = {session: i for i, (_, session, _, _) in enumerate(schedule)}
+    last_of_session = {session: i for i, (_, session, _, _, _) in enumerate(schedule)}
     for i, (answer, was_gone) in enumerate(zip(answers, gone, strict=True)):
         if was_gone:
             assert answer.calls == []
@@ -143,7 +160,10 @@ async def _run(
         elif outcome in (Outcome.DEBOUNCED, Outcome.QUEUE_FULL):
             assert text == ""
         elif outcome in (Outcome.CANCELLED, Outcome.TIMEOUT):
-            assert full.startswith(text) and text != full
+            assert (full.startswith(text) and text != full) or reuse  # a request following a stream: its rest
+            assert set(text) <= {"x"}
+        elif outcome is Outcome.REUSED:
+            assert reuse and text and set(text) == {"x"}  # the rest of an earlier completion of all "x"
         else:
             raise AssertionError(f"unexpected outcome {outcome}")
         assert outcome is not Outcome.DEBOUNCED or debounce_ms > 0

@@ -1,0 +1,66 @@
+"""`mellum-proxy bench calibrate`: the same trace on the real embedded llama.cpp server (real time) and
+in the lab on `sim:embedded-cpu` (virtual time), for `direct` and the defaults, side by side.
+
+The simulator is trusted for a policy choice only where the two agree: within 15 % on pause coverage,
+pause->shown p95 and the server's peak held requests (running + queued, from its own `/metrics`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bench.lab import LabPolicy, run_lab
+from bench.replay import Policy, run_policy
+from bench.sim import profile
+from bench.trace import Event
+
+TOLERANCE = 0.15
+METRICS = (
+    ("pause_coverage", "pause coverage", "{:.0%}"),
+    ("latency_p95_ms", "p95 ms", "{:.0f}"),
+    ("peak_held", "server peak held", "{:.0f}"),
+    ("upstream_requests", "upstream requests", "{:.0f}"),
+)
+
+
+async def measure(
+    events: Sequence[Event], trace: str, url: str, described: str, max_tokens: int, accuracy: float,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:  # fmt: skip
+    rows = []
+    for name, settings in (("direct", None), ("defaults", {})):
+        real = await run_policy(Policy(name, settings), list(events), url, max_tokens=max_tokens)
+        progress(f"real {name}: coverage {real.pause_coverage or 0:.0%}, p95 {real.latency_p95_ms or 0:.0f} ms")
+        lab = await asyncio.to_thread(
+            run_lab, LabPolicy(name, settings), events, profile("embedded-cpu"), trace, accuracy, max_tokens=max_tokens
+        )  # fmt: skip (its own virtual-time loop)
+        real_values = {"pause_coverage": real.pause_coverage, "latency_p95_ms": real.latency_p95_ms,
+                       "peak_held": real.max_inflight, "upstream_requests": real.upstream_requests}  # fmt: skip
+        lab_values = {key: getattr(lab, key) for key, _, _ in METRICS}
+        rows.append({"policy": name, "real": real_values, "sim": lab_values,
+                     "idle_wait_s": real.idle_wait_s})  # fmt: skip
+    return {"trace": trace, "edits": sum(1 for e in events if hasattr(e, "offset")), "upstream": described,
+            "profile": profile("embedded-cpu").__repr__(), "rows": rows, "max_tokens": max_tokens}  # fmt: skip
+
+
+def _agrees(real: float | None, sim: float | None) -> bool:
+    if real is None or sim is None:
+        return False
+    return abs(sim - real) <= TOLERANCE * max(abs(real), 1e-9)
+
+
+def render(result: dict[str, Any], command: str) -> str:
+    trace = f"- trace: {result['trace']}, {result['edits']} edits, {result['max_tokens']} tokens asked"
+    lines = [f"`{command}`", "", trace,
+             f"- real: {result['upstream']} (real time, through `bench replay`)",
+             f"- sim: the lab in virtual time on {result['profile']}", "",
+             "| policy | metric | real | sim | within 15 % |", "|---|---|---|---|---|"]  # fmt: skip
+    for row in result["rows"]:
+        for key, title, spec in METRICS:
+            real, sim = row["real"][key], row["sim"][key]
+            cells = [spec.format(v) if v is not None else "-" for v in (real, sim)]
+            agree = "-" if key == "upstream_requests" else "yes" if _agrees(real, sim) else "**no**"
+            lines.append(f"| {row['policy']} | {title} | {cells[0]} | {cells[1]} | {agree} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,84 @@
+"""`Dispatch`: how long to hold each request before it may go upstream.
+
+`fixed` holds every request `debounce_ms`. `adaptive` (the default) decides per request from two
+things the proxy already knows:
+
+- the session's typing rhythm: the median of its last gaps between requests (each capped at
+  `RHYTHM_CAP_S`, so a pause does not count as rhythm);
+- whether the upstream is busy: no free slot right now, or this session still has a request
+  admitted or a cancelled one the server has not let go of.
+
+An idle upstream means the request goes at once (hold `hold_idle_max_ms`, default 0): waiting could
+only make the suggestion later, and a newer keystroke still supersedes it. A busy upstream means
+the request would wait anyway, so it is held for about one typing gap (`hold_gap_factor` x the
+median gap, at most `hold_busy_max_ms`): a keystroke that follows within it replaces it for free,
+and the slot goes to the newest text instead of to one that is stale 50 ms later. Every request is held
+at least `hold_min_ms` (default 0): edits that arrive together (auto-indent, a closed bracket,
+multi-cursor) then make one request.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import OrderedDict, deque
+
+from proxy.clock import LOOP_CLOCK, Clock
+
+RHYTHM_CAP_S = 1.0
+RHYTHM_GAPS = 8
+MAX_SESSIONS = 1024
+
+
+class Dispatch:
+    def __init__(
+        self,
+        fixed_s: float | None,
+        hold_idle_max_s: float = 0.0,
+        hold_busy_max_s: float = 0.15,
+        gap_factor: float = 1.0,
+        clock: Clock = LOOP_CLOCK,
+        hold_min_s: float = 0.0,
+    ) -> None:
+        """`fixed_s` not None: the fixed rule (that hold for every request); else adaptive."""
+        self.fixed_s = fixed_s
+        self.hold_idle_max_s = hold_idle_max_s
+        self.hold_busy_max_s = hold_busy_max_s
+        self.gap_factor = gap_factor
+        self.hold_min_s = hold_min_s
+        self.clock = clock
+        self._rhythm: OrderedDict[str, tuple[float, deque[float]]] = OrderedDict()
+
+    @property
+    def adaptive(self) -> bool:
+        return self.fixed_s is None
+
+    @property
+    def max_hold_s(self) -> float:
+        """The longest hold this policy can choose (0: it never holds, and never reads the clock)."""
+        if self.fixed_s is not None:
+            return self.fixed_s
+        return max(self.hold_idle_max_s, self.hold_busy_max_s, self.hold_min_s)
+
+    def hold_s(self, session: str, busy: bool) -> float:
+        """The hold for a request of `session` arriving now."""
+        if self.fixed_s is not None:
+            return self.fixed_s
+        if self.max_hold_s <= 0:
+            return 0.0
+        gap = self._observe(session)
+        if gap is None:
+            return self.hold_min_s  # no rhythm yet: the first request of a session goes (almost) at once
+        cap = self.hold_busy_max_s if busy else self.hold_idle_max_s
+        return max(self.hold_min_s, min(cap, self.gap_factor * gap))
+
+    def _observe(self, session: str) -> float | None:
+        """Note this arrival; the session's median recent gap, or None before its second request."""
+        now = self.clock.now()
+        entry = self._rhythm.pop(session, None)
+        gaps: deque[float] = entry[1] if entry else deque(maxlen=RHYTHM_GAPS)
+        if entry is not None:
+            gaps.append(min(RHYTHM_CAP_S, now - entry[0]))
+        self._rhythm[session] = (now, gaps)
+        if len(self._rhythm) > MAX_SESSIONS:
+            self._rhythm.popitem(last=False)
+        return statistics.median(gaps) if gaps else None

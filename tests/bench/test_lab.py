@@ -1,0 +1,84 @@
+"""The simulated server keeps llama.cpp's scheduling, and the lab replays a trace through the real
+service in virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from bench.lab import LabPolicy, next_typed, pareto, run_lab
+from bench.sim import PROFILES
+from bench.sim_engine import SimEngine
+from bench.synth import synthesize
+from bench.trace import Edit, Open
+from tests.virtual_time import run_virtual
+
+SLOW = replace(PROFILES["embedded-cpu"], slots=1, overhead_ms=0, batch_penalty=0)
+
+
+def test_prefill_is_not_interrupted_and_decode_stops_at_the_next_token() -> None:
+    async def run() -> None:
+        engine = SimEngine(SLOW)
+        task = engine.submit("x" * 330, 16, "abcdefghijklmnop")  # 100 tokens: 0.29 s of prefill
+        await asyncio.sleep(0.1)
+        task.leave()
+        await asyncio.sleep(0.15)
+        assert engine.held == 1  # still prefilling
+        await engine.idle()
+        assert task.completion_tokens == 0 and engine.prompt_tokens == 100
+
+    run_virtual(run())
+
+
+def test_a_queued_task_whose_client_left_stays_held_until_it_would_start() -> None:
+    async def run() -> None:
+        engine = SimEngine(SLOW)
+        first = engine.submit("x" * 330, 4, "abcd")
+        queued = engine.submit("y" * 330, 4, "abcd")
+        queued.leave()
+        await asyncio.sleep(0.1)
+        assert engine.held == 2
+        await engine.idle()
+        assert queued.dropped and not first.dropped and engine.peak_held == 2
+
+    run_virtual(run())
+
+
+def test_a_non_streamed_task_runs_to_its_end_without_its_client() -> None:
+    async def run() -> None:
+        engine = SimEngine(SLOW)
+        task = engine.submit("x" * 33, 4, "abcdefghijkl", stream=False)
+        task.leave()
+        await engine.idle()
+        assert task.completion_tokens == 4
+
+    run_virtual(run())
+
+
+def test_prompt_cache_prefills_only_what_changed() -> None:
+    async def run() -> None:
+        engine = SimEngine(SLOW)
+        await engine.submit("x" * 330, 1, "a").changes.wait_for(lambda: engine.held == 0)
+        second = engine.submit("x" * 330 + "yyy", 1, "a")
+        await engine.idle()
+        assert second.cached_tokens == 100 and engine.prompt_tokens == 101
+
+    run_virtual(run())
+
+
+def test_next_typed_follows_typing_at_the_cursor() -> None:
+    events = [Open(0, "a", ""), Edit(1, "a", 0, 0, "d"), Edit(2, "a", 1, 0, "ef"), Edit(3, "a", 0, 0, "X")]
+    truth = next_typed(events)
+    assert truth == {1: "ef", 2: "", 3: ""}  # the edit at offset 0 is not typing on at the cursor
+
+
+def test_the_lab_replays_direct_and_the_defaults_and_reuse_saves_requests() -> None:
+    trace = synthesize("def total(items):\n    return sum(item.price for item in items)\n" * 3, "a.py", seed=1)
+    fast = PROFILES["fast"]
+    direct = run_lab(LabPolicy("direct", None), trace.events, fast, "t", accuracy=1.0)
+    defaults = run_lab(LabPolicy("defaults", {}), trace.events, fast, "t", accuracy=1.0)
+    assert direct.upstream_requests == direct.edits == defaults.edits
+    assert defaults.reused > 0 and defaults.upstream_requests + defaults.reused <= defaults.edits
+    assert defaults.pause_coverage is not None and defaults.pause_coverage >= (direct.pause_coverage or 0) - 0.01
+    assert defaults.predicted_chars >= direct.predicted_chars  # what the person typed next, shown
+    assert defaults in pareto([direct, defaults])  # no other result beats it on requests, coverage and p95

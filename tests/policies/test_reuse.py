@@ -1,0 +1,76 @@
+"""Typed-through reuse: the answer is exactly the previous completion minus what was typed, never a guess."""
+
+from __future__ import annotations
+
+from proxy.models import Chunk, Completion, NormalizedRequest
+from proxy.policies.reuse import Flight, ReuseCache, typed_through
+
+
+def test_typed_through_finds_what_was_typed() -> None:
+    assert typed_through("def f(", "def f(x", "x, y):") == "x"
+    assert typed_through("def f(", "def f(", "x, y):") == ""  # the same position again
+    assert typed_through("def f(", "def f(z", "x, y):") is None  # typed something else
+    assert typed_through("def f(", "def f(x, y):", "x, y):") == "x, y):"  # typed all of it
+
+
+def test_typed_through_follows_a_window_that_dropped_its_first_lines() -> None:
+    assert typed_through("a\nb\ndef f(", "b\ndef f(x,", "x, y):") == "x,"
+    assert typed_through("a\nb\ndef f(", "c\ndef f(x,", "x, y):") is None  # not the same text
+
+
+def test_typed_through_a_completion_still_streaming() -> None:
+    assert typed_through("f(", "f(x, y", "x, ", streaming=True) == "x, y"  # ran past what has arrived
+    assert typed_through("f(", "f(x", "x, ", streaming=True) == "x"
+    assert typed_through("f(", "f(q", "x, ", streaming=True) is None
+
+
+def _request(prefix: str, suffix: str | None = "\n", file: str = "a.py", session: str = "s") -> NormalizedRequest:
+    return NormalizedRequest(id="r", dialect="test", session=session, prefix=prefix, suffix=suffix, file_path=file)
+
+
+def _done(text: str) -> Flight:
+    completion = Completion(id="c")
+    completion.add(Chunk(text, finish_reason="stop"))
+    flight = Flight(completion)
+    flight.end()
+    return flight
+
+
+def test_cache_answers_the_rest_and_keeps_the_original_for_backspace() -> None:
+    cache = ReuseCache()
+    cache.remember(_request("x = "), _done("compute(1)"))
+    hit = cache.lookup(_request("x = comp"))
+    assert hit is not None and hit.final and hit.rest() == "ute(1)"
+    back = cache.lookup(_request("x = co"))  # a backspace inside the typed-through part
+    assert back is not None and back.rest() == "mpute(1)"
+    again = cache.lookup(_request("x = "))
+    assert again is not None and again.rest() == "compute(1)"
+
+
+def test_cache_refuses_what_does_not_fit() -> None:
+    cache = ReuseCache()
+    cache.remember(_request("x = "), _done("compute(1)"))
+    assert cache.lookup(_request("x = compute(1)")) is None  # nothing left to offer
+    assert cache.lookup(_request("x = comp", suffix="\ny")) is None  # the suffix changed
+    assert cache.lookup(_request("x = comp", file="b.py")) is None
+    assert cache.lookup(_request("x = comp", session="other")) is None
+    assert cache.lookup(_request("x = comp", suffix=None)) is None  # no suffix: not a cursor position
+
+
+def test_a_failed_completion_is_never_reused() -> None:
+    cache = ReuseCache()
+    completion = Completion(id="c")
+    completion.add(Chunk("compute(1)"))
+    flight = Flight(completion)
+    flight.end(RuntimeError("upstream dropped"))
+    cache.remember(_request("x = "), flight)
+    assert cache.lookup(_request("x = comp")) is None
+
+
+def test_a_prompt_the_client_rendered_itself_is_read_at_its_cursor() -> None:
+    from proxy.budget.templates import MELLUM, FimParts
+
+    cache = ReuseCache()
+    cache.remember(_request(MELLUM.render(FimParts("x = ", "\n", "a.py")), suffix=None), _done("compute(1)"))
+    hit = cache.lookup(_request(MELLUM.render(FimParts("x = comp", "\n", "a.py")), suffix=None))
+    assert hit is not None and hit.rest() == "ute(1)"
