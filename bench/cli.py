@@ -116,7 +116,8 @@ def build_parser() -> Parser:
     calibrate.add_argument("trace", type=Path)
     calibrate.add_argument("--limit-events", type=_positive, default=300, help="edits [default: 300]")
     calibrate.add_argument("--max-tokens", type=_positive, default=16, help="what the plugin asks for [default: 16]")
-    calibrate.add_argument("--accuracy", type=_share, default=0.3)
+    calibrate.add_argument("--accuracy", type=_share, default=0.0,
+                           help="the simulated model's (gemma is not a FIM model) [default: 0]")  # fmt: skip
     calibrate.add_argument("--out", type=Path, default=Path("bench/out/calibration"))
 
     lab = sub.add_parser("lab", help="policies x traces x servers in virtual time: targets, grid and frontier")

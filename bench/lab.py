@@ -26,7 +26,7 @@ import looptime
 
 from bench.editor import EditMark, RequestResult, account
 from bench.sim_engine import SimEngine, SimProfile, SimRefused
-from bench.trace import Documents, Edit, Event
+from bench.trace import Documents, Edit, Event, next_typed
 from proxy.budget import CharsEstimator, ContextBudget
 from proxy.budget.templates import MELLUM, FimParts
 from proxy.completion import CompletionService
@@ -36,7 +36,6 @@ from proxy.http.lifecycle import budget_settings, build_policies
 from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
 from proxy.telemetry import RecentRecords, Telemetry
 
-NEXT_TYPED_CHARS = 256
 JUNK = "\u00a4" * 1024
 PREFIX_LINES, SUFFIX_LINES = 100, 30  # what the simulated plugin sends, as in bench/editor.py
 
@@ -46,29 +45,6 @@ class LabPolicy:
     name: str
     settings: dict[str, Any] | None  # proxy settings; None: direct to the server
     plugin_cancel: bool = True
-
-
-def next_typed(events: Sequence[Event]) -> dict[int, str]:
-    """For each edit (by event index): what the person typed next at its cursor, as long as they kept
-    typing there (up to `NEXT_TYPED_CHARS`)."""
-    documents = Documents()
-    cursors: dict[int, tuple[str, int]] = {}
-    for index, event in enumerate(events):
-        documents.apply(event)
-        if isinstance(event, Edit):
-            cursors[index] = (event.file, documents.cursor[event.file])
-    following: dict[int, str] = {}
-    after: dict[str, tuple[int, int, str]] = {}  # file -> (offset, delete, text typed from it on)
-    for index in range(len(events) - 1, -1, -1):
-        event = events[index]
-        if not isinstance(event, Edit):
-            after.pop(event.file, None)
-            continue
-        file, cursor = cursors[index]
-        nxt = after.get(file)
-        following[index] = nxt[2] if nxt is not None and nxt[0] == cursor and nxt[1] == 0 else ""
-        after[file] = (event.offset, event.delete, (event.insert + following[index])[:NEXT_TYPED_CHARS])
-    return following
 
 
 class Writer:
@@ -117,10 +93,10 @@ class EngineSource:
             if not task.done:
                 task.leave()
 
-    async def let_go(self, held: int, timeout_s: float) -> bool:
+    async def let_go(self, accept: Callable[[int], bool], timeout_s: float) -> bool:
         engine = self.engine
         try:
-            await engine.changes.wait_for(lambda: engine.held <= held, timeout_s)
+            await engine.changes.wait_for(lambda: accept(engine.held), timeout_s)
         except TimeoutError:
             return False
         return True

@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.editor import EditMark, Plugin, account
-from bench.trace import Documents, Edit, Event
+from bench.trace import Documents, Edit, Event, next_typed
 from proxy.config import Settings
 from proxy.http import POLICIES, RECORDS, build_app, serve_app
 from proxy.telemetry import RecentRecords
@@ -125,6 +125,7 @@ class PolicyResult:
     vram_peak_mib: float | None
     duration_s: float
     idle_wait_s: float | None = None  # how long the server took to be idle before this policy began
+    predicted_chars: int | None = None  # of what the person typed next, how much the shown suggestions had
     inflight_series: list[tuple[float, float, float]] = field(default_factory=list)  # (s, running, queued)
     latencies_ms: list[float] = field(default_factory=list)
 
@@ -171,7 +172,7 @@ async def run_policy(
         await asyncio.gather(sampler, return_exceptions=True)
         after = await read_metrics(session, upstream)
         duration = plugin.now_ms() / 1000
-        acct = account(marks, plugin.results, pause_ms)
+        acct = account(marks, plugin.results, pause_ms, next_typed(events))
         records = list(app[RECORDS]) if app is not None else []
         admission = app[POLICIES].admission if app is not None else None
     predicted = _delta(before, after, "tokens_predicted_total")
@@ -189,7 +190,7 @@ async def run_policy(
         max_queue_depth=int(max([admission.max_depth_seen if admission else 0, *(s[2] for s in samples)])),
         max_inflight=int(max([0, *(s[1] + s[2] for s in samples)])),
         vram_peak_mib=max(peaks) if peaks else None, duration_s=duration, inflight_series=samples,
-        latencies_ms=acct.latencies_ms, idle_wait_s=idle_wait_s,
+        latencies_ms=acct.latencies_ms, idle_wait_s=idle_wait_s, predicted_chars=acct.predicted_chars,
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ offset) and leaves the cursor after the insert.
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 FORMAT = "mellum-trace/1"
+NEXT_TYPED_CHARS = 256
 
 
 class TraceError(ValueError):
@@ -139,3 +140,26 @@ def limited(trace: Trace, edits: int | None) -> Iterator[Event]:
                 return
             seen += 1
         yield event
+
+
+def next_typed(events: Sequence[Event]) -> dict[int, str]:
+    """For each edit (by event index): what the person typed next at its cursor, as long as they kept
+    typing there (up to `NEXT_TYPED_CHARS`)."""
+    documents = Documents()
+    cursors: dict[int, tuple[str, int]] = {}
+    for index, event in enumerate(events):
+        documents.apply(event)
+        if isinstance(event, Edit):
+            cursors[index] = (event.file, documents.cursor[event.file])
+    following: dict[int, str] = {}
+    after: dict[str, tuple[int, int, str]] = {}  # file -> (offset, delete, text typed from it on)
+    for index in range(len(events) - 1, -1, -1):
+        event = events[index]
+        if not isinstance(event, Edit):
+            after.pop(event.file, None)
+            continue
+        file, cursor = cursors[index]
+        nxt = after.get(file)
+        following[index] = nxt[2] if nxt is not None and nxt[0] == cursor and nxt[1] == 0 else ""
+        after[file] = (event.offset, event.delete, (event.insert + following[index])[:NEXT_TYPED_CHARS])
+    return following

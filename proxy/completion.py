@@ -34,7 +34,7 @@ from proxy.telemetry import RequestRecord, Telemetry
 
 KEEP_PREFILL_MAX_S = 2.0  # the longest a timed-out request may go on to finish its prefill
 TAKEOVER_GRACE_S = 0.05  # how long an abandoned stream waits for a newer keystroke to take it over
-LET_GO_TIMEOUT_S = 2.0  # the longest a cancelled request keeps its slot waiting for the server
+LET_GO_TIMEOUT_S = 10.0  # the longest a cancelled request keeps its slot waiting for the server
 TTFT_WEIGHT = 0.2  # of the newest first-token time, in the running estimate of the server's prefill
 
 
@@ -42,8 +42,8 @@ class CompletionSource(Protocol):
     """The one thing the service needs from a model server (`UpstreamClient` in production).
 
     It yields the completion in batches: the chunks that arrived together (one network read). A
-    source may also offer `let_go(held, timeout_s) -> bool`: wait until the server holds at most
-    `held` requests, True if the server said so (False: it cannot tell).
+    source may also offer `let_go(accept, timeout_s) -> bool`: wait until `accept(requests the server
+    holds)` is true, True if the server said so (False: it cannot tell).
     """
 
     def stream_completion(
@@ -79,6 +79,7 @@ class CompletionService:
         self.telemetry = telemetry
         self.clock = policies.clock
         self.prefill_s: float | None = None  # running estimate of the time to first token
+        self.sent_upstream = 0  # upstream requests sent and not yet let go by the server
         self._flights: set[asyncio.Task[None]] = set()
 
     async def complete(self, request: NormalizedRequest, answer: Answer) -> None:
@@ -315,6 +316,7 @@ class CompletionService:
         completion = flight.completion
         sent_at = self.clock.now()
         finished = False
+        self.sent_upstream += 1
         try:
             async with aclosing(self.upstream.stream_completion(request, prompt)) as batches:
                 async for batch in batches:
@@ -344,6 +346,7 @@ class CompletionService:
             raise
         finally:
             if finished:
+                self.sent_upstream -= 1
                 lease.release()
             else:
                 releaser = asyncio.get_running_loop().create_task(self._release_when_let_go(lease, sent_at))
@@ -361,17 +364,34 @@ class CompletionService:
         otherwise until the typical time to first token has passed since it was sent (the prefill the
         server will finish anyway). At most `LET_GO_TIMEOUT_S`.
         """
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.sent_upstream -= 1
+                lease.release()
+
+        def accept(held: int) -> bool:
+            # Compared with the proxy's other requests the server has (a slot taken for a request not sent
+            # yet does not count), and released in the same step, so two cancelled requests cannot both
+            # count one let-go.
+            if held <= self.sent_upstream - 1:
+                release()
+                return True
+            return False
+
         try:
             let_go = getattr(self.upstream, "let_go", None)
-            others = self.policies.admission.running - 1
-            if let_go is not None and await let_go(others, LET_GO_TIMEOUT_S):
+            if let_go is not None and await let_go(accept, LET_GO_TIMEOUT_S):
                 return
             if self.prefill_s is not None:
                 wait = min(LET_GO_TIMEOUT_S, sent_at + self.prefill_s - self.clock.now())
                 if wait > 0:
                     await asyncio.sleep(wait)
         finally:
-            lease.release()
+            release()
 
 
 def _cancel_unfollowed(flight: Flight, producer: asyncio.Task[None]) -> None:

@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     hold_gap_factor: float = Field(1.0, ge=0, le=10, description="adaptive: hold = this x the median typing gap.")
     reuse: bool = Field(True, description="Answer typed-through keystrokes from the previous completion.")
     keep_prefill: bool = Field(
-        True, description="A request past its first-token deadline may finish its prefill while no one waits."
+        False, description="A request past its first-token deadline may finish its prefill while no one waits."
     )
     max_inflight: int = Field(1, ge=1, description="Admitted requests per session; the oldest is cancelled.")
     max_concurrency: int = Field(0, ge=0, description="Requests upstream at once (0: upstream slot count).")

@@ -9,7 +9,7 @@ response is `close()`d, not released, so the socket drops and llama.cpp / vLLM a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -84,9 +84,9 @@ class UpstreamClient:
             self._held_source = None
         return None
 
-    async def let_go(self, held: int, timeout_s: float) -> bool:
-        """Wait until the server holds at most `held` requests; False when it cannot say (or `timeout_s`
-        passed first). Polled every `LET_GO_POLL_S`: only cancelled requests wait on this."""
+    async def let_go(self, accept: Callable[[int], bool], timeout_s: float) -> bool:
+        """Wait until `accept(requests the server holds)` is true; False when the server cannot say (or
+        `timeout_s` passed first). Polled every `LET_GO_POLL_S`: only cancelled requests wait on this."""
         if self._held_source is None:
             return False
         loop = asyncio.get_running_loop()
@@ -95,7 +95,7 @@ class UpstreamClient:
             now = await self.held()
             if now is None:
                 return False
-            if now <= held:
+            if accept(now):
                 return True
             await asyncio.sleep(LET_GO_POLL_S)
         return False

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 
-from bench.lab import LabPolicy, next_typed, pareto, run_lab
+from bench.lab import LabPolicy, pareto, run_lab
 from bench.sim import PROFILES
 from bench.sim_engine import SimEngine
 from bench.synth import synthesize
-from bench.trace import Edit, Open
+from bench.trace import Edit, Open, next_typed
 from tests.virtual_time import run_virtual
 
 SLOW = replace(PROFILES["embedded-cpu"], slots=1, overhead_ms=0, batch_penalty=0)
+SYNTH_SOURCE_DIR = Path(__file__).parents[2] / "bench" / "code"
 
 
 def test_prefill_is_not_interrupted_and_decode_stops_at_the_next_token() -> None:
@@ -82,3 +84,18 @@ def test_the_lab_replays_direct_and_the_defaults_and_reuse_saves_requests() -> N
     assert defaults.pause_coverage is not None and defaults.pause_coverage >= (direct.pause_coverage or 0) - 0.01
     assert defaults.predicted_chars >= direct.predicted_chars  # what the person typed next, shown
     assert defaults in pareto([direct, defaults])  # no other result beats it on requests, coverage and p95
+
+
+def test_the_server_never_holds_more_than_max_concurrency_of_the_proxys_requests() -> None:
+    """Server-true admission on the llama.cpp-like simulator, with a fast typist against a slow server:
+    cancelled requests keep their slot until the server has let them go."""
+    from bench.synth import synthesize
+    from bench.trace import Trace, limited
+
+    source = (SYNTH_SOURCE_DIR / "inventory.py").read_text()
+    events = list(limited(Trace(synthesize(source, "inventory.py", seed=3, typist="fast").events), 300))
+    spec = PROFILES["embedded-cpu"]
+    direct = run_lab(LabPolicy("direct", None), events, spec, "t")
+    defaults = run_lab(LabPolicy("defaults", {}), events, spec, "t")
+    assert direct.peak_held > spec.slots  # without the proxy the server's own queue fills
+    assert defaults.peak_held <= spec.slots

@@ -142,7 +142,7 @@ async def test_a_timed_out_request_may_finish_its_prefill(make_proxy: ProxyFacto
     """Answered at the deadline, but the upstream request goes on to its first token (the prompt cache
     is then warm for the next keystroke) and stops there."""
     fake, url = await fake_upstream(first_token_delay_s=0.5, tokens=1000, token_delay_s=0.01)
-    proxy = await make_proxy(upstream=url, debounce_ms=0, ttft_timeout_ms=100, timeout_ms=0)
+    proxy = await make_proxy(upstream=url, debounce_ms=0, ttft_timeout_ms=100, timeout_ms=0, keep_prefill=True)
     resp = await proxy.post("/v1/completions", json={"prompt": "x"})
     assert resp.headers["X-Mellum-Outcome"] == "timeout"
     assert fake.disconnects == 0  # still prefilling

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from proxy.budget import BudgetSettings, CharsEstimator, ContextBudget
 from proxy.completion import CompletionService, Policies
@@ -44,9 +44,9 @@ class TextUpstream:
         self.held -= 1
         self.changes.notify()
 
-    async def let_go(self, held: int, timeout_s: float) -> bool:
+    async def let_go(self, accept: Callable[[int], bool], timeout_s: float) -> bool:
         self.let_go_asked += 1
-        await self.changes.wait_for(lambda: self.held <= held, timeout_s)
+        await self.changes.wait_for(lambda: accept(self.held), timeout_s)
         return True
 
 

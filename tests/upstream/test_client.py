@@ -82,3 +82,33 @@ async def test_an_upstream_that_ignores_stream_true_still_gives_its_text(aiohttp
     assert [(c.text, c.finish_reason, c.usage) for b in batches for c in b] == [
         ("whole answer", "stop", {"prompt_tokens": 3})
     ]
+
+
+@pytest.mark.embedded
+async def test_let_go_waits_for_the_real_server_to_drop_a_cancelled_request(embedded_server: EmbeddedServer) -> None:
+    """llama.cpp keeps working on a request after its client closed the connection; `let_go` returns once
+    the server's own gauges say it holds nothing more than allowed."""
+    long = NormalizedRequest(id="r", dialect="openai", session="s", prefix="def fib(n):", max_tokens=400)
+    prompt = BudgetedPrompt("def fib(n):", None, 400, (), 8, 8, False, "bytes")
+    async with aiohttp.ClientSession() as session:
+        upstream = UpstreamClient(session, str(embedded_server.url))
+        stream = upstream.stream_completion(long, prompt)
+        await anext(stream)  # decoding has started
+        await stream.aclose()  # the connection is closed, as when a request is superseded
+        assert await upstream.let_go(lambda held: held == 0, timeout_s=30) is True
+        assert await upstream.held() == 0
+
+
+async def test_held_reads_llama_cpp_gauges_and_says_when_it_cannot(aiohttp_server: Any) -> None:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text="llamacpp:requests_processing 1\nllamacpp:requests_deferred 2\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app)
+    bare = await aiohttp_server(web.Application())
+    async with aiohttp.ClientSession() as session:
+        assert await UpstreamClient(session, str(server.make_url(""))).held() == 3
+        silent = UpstreamClient(session, str(bare.make_url("")))
+        assert await silent.held() is None
+        assert await silent.let_go(lambda held: held == 0, timeout_s=1) is False  # the fallback rule applies
