@@ -13,7 +13,7 @@ only make the suggestion later, and a newer keystroke still supersedes it. A bus
 the request would wait anyway, so it is held for about one typing gap (`hold_gap_factor` x the
 median gap, at most `hold_busy_max_ms`): a keystroke that follows within it replaces it for free,
 and the slot goes to the newest text instead of to one that is stale 50 ms later. Every request is held
-at least `hold_min_ms` (default 0): edits that arrive together (auto-indent, a closed bracket,
+at least `hold_min_ms` (default 2 ms): edits that arrive together (auto-indent, a closed bracket,
 multi-cursor) then make one request.
 """
 
