@@ -65,7 +65,7 @@ class Settings(BaseSettings):
         150, ge=0, description="dispatch=fixed: hold each request this long (setting it alone selects fixed)."
     )
     hold_idle_max_ms: int = Field(0, ge=0, description="adaptive: longest hold while the upstream is idle.")
-    hold_busy_max_ms: int = Field(150, ge=0, description="adaptive: longest hold while the upstream is busy.")
+    hold_busy_max_ms: int = Field(0, ge=0, description="adaptive: longest hold while the upstream is busy.")
     hold_min_ms: int = Field(2, ge=0, description="adaptive: every request is held at least this long.")
     hold_gap_factor: float = Field(1.0, ge=0, le=10, description="adaptive: hold = this x the median typing gap.")
     reuse: bool = Field(True, description="Answer typed-through keystrokes from the previous completion.")
