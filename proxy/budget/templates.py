@@ -8,6 +8,7 @@ truncated properly instead of cut blindly from the left.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -129,8 +130,10 @@ def template_for(spec: str) -> FimTemplate | None:
     return FimTemplate("custom", body=spec.replace("\\n", "\n"))
 
 
+@functools.lru_cache(maxsize=8)
 def parse_any(prompt: str) -> tuple[FimTemplate, FimParts] | None:
-    """Recognise a prompt pre-rendered with any built-in template."""
+    """Recognise a prompt pre-rendered with any built-in template. The last few answers are kept: the
+    context budget and typed-through reuse both read the same request's prompt."""
     for template in BUILTIN.values():
         if all(marker in prompt for marker in template.markers):
             parts = template.parse(prompt)
