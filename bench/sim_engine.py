@@ -61,7 +61,6 @@ class SimTask:
     dropped: bool = False  # left before a slot took it: never ran
     finish_reason: str | None = None
     cached_tokens: int = 0
-    first_token_at: float | None = None
     changes: Changes = field(default_factory=Changes)
 
     @property
@@ -193,8 +192,6 @@ class SimEngine:
             await asyncio.sleep(self._slowdown() / spec.decode_tps)  # one decode step
             self.tokens_predicted += 1
             slot.cache += piece
-            if task.first_token_at is None:
-                task.first_token_at = asyncio.get_running_loop().time()
             task.pieces.append(piece)
             task.changes.notify()
         task.finish_reason = "stop" if len(pieces) < task.max_tokens else "length"

@@ -50,10 +50,6 @@ class Dispatch:
         self._rhythm: OrderedDict[str, tuple[float, deque[float]]] = OrderedDict()
 
     @property
-    def adaptive(self) -> bool:
-        return self.fixed_s is None
-
-    @property
     def max_hold_s(self) -> float:
         """The longest hold this policy can choose (0: it never holds, and never reads the clock)."""
         if self.fixed_s is not None:

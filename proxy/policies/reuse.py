@@ -99,7 +99,6 @@ class Hit:
 class ReuseCache:
     def __init__(self) -> None:
         self._sessions: OrderedDict[str, deque[Entry]] = OrderedDict()
-        self.hits = 0
 
     def remember(self, request: NormalizedRequest, flight: Flight) -> None:
         """Keep `request`'s completion (streaming or not) for later keystrokes of its session."""
