@@ -131,7 +131,7 @@ def build_policies(settings: Settings, slots: int | None = None, clock: Clock = 
         why = f"the upstream's {slots} slots" if slots else "1 until the upstream says how many slots it has"
         log.info("max_concurrency: %s", why)
     fixed = settings.dispatch_rule == "fixed"
-    dispatch = None if fixed else Dispatch(None, settings.hold_idle_max_ms / 1000, settings.hold_busy_max_ms / 1000,
+    dispatch = None if fixed else Dispatch(settings.hold_idle_max_ms / 1000, settings.hold_busy_max_ms / 1000,
                                            settings.hold_gap_factor, clock, settings.hold_min_ms / 1000)  # fmt: skip
     return Policies(
         debouncer=Debouncer(settings.debounce_ms / 1000 if fixed else 0.0, clock),

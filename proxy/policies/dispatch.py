@@ -31,17 +31,16 @@ MAX_SESSIONS = 1024
 
 
 class Dispatch:
+    """The adaptive rule; the fixed one is the `Debouncer`'s own window (`Policies.dispatch` is None)."""
+
     def __init__(
         self,
-        fixed_s: float | None,
         hold_idle_max_s: float = 0.0,
         hold_busy_max_s: float = 0.0,
         gap_factor: float = 1.0,
         clock: Clock = LOOP_CLOCK,
         hold_min_s: float = 0.0,
     ) -> None:
-        """`fixed_s` not None: the fixed rule (that hold for every request); else adaptive."""
-        self.fixed_s = fixed_s
         self.hold_idle_max_s = hold_idle_max_s
         self.hold_busy_max_s = hold_busy_max_s
         self.gap_factor = gap_factor
@@ -52,14 +51,10 @@ class Dispatch:
     @property
     def max_hold_s(self) -> float:
         """The longest hold this policy can choose (0: it never holds, and never reads the clock)."""
-        if self.fixed_s is not None:
-            return self.fixed_s
         return max(self.hold_idle_max_s, self.hold_busy_max_s, self.hold_min_s)
 
     def hold_s(self, session: str, busy: bool) -> float:
         """The hold for a request of `session` arriving now."""
-        if self.fixed_s is not None:
-            return self.fixed_s
         if self.max_hold_s <= 0:
             return 0.0
         gap = self._observe(session)

@@ -31,28 +31,27 @@ def _typed(dispatch: Dispatch, clock: ManualClock, gaps_s: list[float], busy: bo
 
 def test_idle_upstream_means_no_hold() -> None:
     clock = ManualClock()
-    assert _typed(Dispatch(None, hold_busy_max_s=0.15, clock=clock), clock, [0.1, 0.1, 0.1], busy=False) == 0
+    assert _typed(Dispatch(hold_busy_max_s=0.15, clock=clock), clock, [0.1, 0.1, 0.1], busy=False) == 0
 
 
 def test_busy_upstream_holds_one_median_gap_up_to_the_cap() -> None:
     clock = ManualClock()
-    hold = _typed(Dispatch(None, hold_busy_max_s=0.15, clock=clock), clock, [0.08, 0.12, 0.1], busy=True)
+    hold = _typed(Dispatch(hold_busy_max_s=0.15, clock=clock), clock, [0.08, 0.12, 0.1], busy=True)
     assert hold == pytest.approx(0.1)
     clock = ManualClock()
-    slow = _typed(Dispatch(None, hold_busy_max_s=0.15, clock=clock), clock, [0.4, 0.5, 0.6], busy=True)
+    slow = _typed(Dispatch(hold_busy_max_s=0.15, clock=clock), clock, [0.4, 0.5, 0.6], busy=True)
     assert slow == pytest.approx(0.15)
 
 
 def test_a_pause_does_not_count_as_rhythm_and_the_first_request_goes_at_once() -> None:
     clock = ManualClock()
-    dispatch = Dispatch(None, hold_busy_max_s=5.0, clock=clock)
+    dispatch = Dispatch(hold_busy_max_s=5.0, clock=clock)
     assert dispatch.hold_s("s", busy=True) == 0  # no rhythm yet
     clock.t += 30.0
     assert dispatch.hold_s("s", busy=True) == pytest.approx(1.0)  # the pause counts as RHYTHM_CAP_S
 
 
-def test_fixed_rule_and_floor() -> None:
+def test_every_request_is_held_at_least_the_floor() -> None:
     clock = ManualClock()
-    assert Dispatch(0.15, clock=clock).hold_s("s", busy=False) == 0.15
-    floor = Dispatch(None, hold_min_s=0.002, clock=clock)
+    floor = Dispatch(hold_min_s=0.002, clock=clock)
     assert floor.hold_s("s", busy=False) == 0.002

@@ -111,7 +111,7 @@ async def _run(
     keep_prefill: bool,
 ) -> None:
     upstream = MemoryUpstream()
-    dispatch = Dispatch(None, hold_busy_max_s=debounce_ms / 1000, hold_min_s=debounce_ms / 3000) if adaptive else None
+    dispatch = Dispatch(hold_busy_max_s=debounce_ms / 1000, hold_min_s=debounce_ms / 3000) if adaptive else None
     policies = Policies(
         Debouncer(0 if adaptive else debounce_ms / 1000),
         Supersede(max_inflight),
