@@ -115,7 +115,7 @@ class CollectingAnswer:
     async def finish(self, completion: Completion, outcome: Outcome) -> None:
         self.text, self.outcome, self.source = completion.text, outcome, completion.upstream_id
 
-    async def fail(self, error: ProxyError) -> None:
+    async def fail(self, completion: Completion, error: ProxyError) -> None:
         self.error = str(error)
 
 

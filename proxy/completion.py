@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from proxy.models import Answer, BudgetedPrompt, Chunk, Completion, NormalizedRe
 from proxy.policies import AdmissionQueue, Deadline, Debouncer, Dispatch, Lease, QueueFullError, Supersede, Ticket
 from proxy.policies.reuse import Flight, Hit, ReuseCache
 from proxy.telemetry import RequestRecord, Telemetry
+
+log = logging.getLogger("mellum_proxy")
 
 KEEP_PREFILL_MAX_S = 2.0  # the longest a timed-out request may go on to finish its prefill
 TAKEOVER_GRACE_S = 0.05  # how long an abandoned stream waits for a newer keystroke to take it over
@@ -94,11 +97,15 @@ class CompletionService:
             await answer.finish(completion, outcome)
         except ProxyError as error:
             record.outcome = Outcome.UPSTREAM_ERROR
-            record.upstream_status = error.status
-            await answer.fail(error)
+            record.upstream_status = error.upstream_status
+            await answer.fail(completion, error)
         except (asyncio.CancelledError, ConnectionResetError):
             record.outcome = Outcome.CLIENT_GONE  # the editor went away: the upstream stream is closed
             raise
+        except Exception as exc:  # a defect: answered in the dialect's shape (the stream ended), never re-raised
+            log.exception("unhandled error serving request %s", request.id, exc_info=exc)
+            record.outcome = Outcome.INTERNAL_ERROR
+            await answer.fail(completion, ProxyError("internal proxy error (see the proxy's log)"))
         finally:
             self.telemetry.finish(record, completion)
 

@@ -9,13 +9,15 @@
           ├── UpstreamUnavailableError  502  connection refused / reset / DNS
           ├── UpstreamTimeoutError      504  the upstream did not answer in time
           ├── UpstreamProtocolError     502  the upstream answered something we cannot read
-          └── UpstreamStatusError       (upstream's own 4xx/5xx, passed on)
+          └── UpstreamStatusError       the upstream's own 4xx passed on; its 5xx is a 502 (503, 504 kept)
 
 Policy outcomes (debounced, cancelled, queue full, timeout, skipped) are *not* errors: they are
 answered with HTTP 200 and an empty completion (see `proxy.models.Outcome`).
 """
 
 from __future__ import annotations
+
+MAX_MESSAGE_CHARS = 300  # an upstream's error text is cut here: some quote the prompt they were sent
 
 
 class ProxyError(Exception):
@@ -27,6 +29,11 @@ class ProxyError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+    @property
+    def upstream_status(self) -> int:
+        """The status to record as the upstream's (the one the client got, unless the upstream said another)."""
+        return self.status
 
 
 class InvalidRequestError(ProxyError):
@@ -70,9 +77,21 @@ class UpstreamProtocolError(UpstreamError):
 
 
 class UpstreamStatusError(UpstreamError):
-    """The upstream answered with an HTTP error; its status and message are passed on."""
+    """The upstream answered with an HTTP error; its message (cut to `MAX_MESSAGE_CHARS`) is passed on.
+
+    A 4xx keeps its status (the request was wrong for that server). A 5xx is the gateway's 502: the
+    proxy did not fail, its upstream did; 503 (loading, overloaded) and 504 are kept, as clients retry
+    on them.
+    """
 
     def __init__(self, status: int, message: str, error_type: str = "upstream_error") -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + "..."
         super().__init__(message)
-        self.status = status
+        self.status = status if status < 500 or status in (503, 504) else 502
         self.type = error_type
+        self._upstream_status = status
+
+    @property
+    def upstream_status(self) -> int:
+        return self._upstream_status

@@ -29,6 +29,7 @@ class Outcome(enum.StrEnum):
     CLIENT_GONE = "client_gone"
     SKIPPED = "skipped"
     UPSTREAM_ERROR = "upstream_error"
+    INTERNAL_ERROR = "internal_error"  # a defect in the proxy: logged with its traceback, answered as a 500
     BAD_REQUEST = "bad_request"
 
 
@@ -200,4 +201,4 @@ class Answer(Protocol):
 
     async def finish(self, completion: Completion, outcome: Outcome) -> None: ...
 
-    async def fail(self, error: ProxyError) -> None: ...
+    async def fail(self, completion: Completion, error: ProxyError) -> None: ...

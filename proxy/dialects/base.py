@@ -22,9 +22,21 @@ OUTCOME_HEADER = "X-Mellum-Outcome"
 Parser = Callable[[Any, Mapping[str, str], str], NormalizedRequest]
 
 
+def header(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's text. Bytes that are not UTF-8 (which aiohttp keeps as lone surrogates, and no JSON
+    encoder writes) become U+FFFD."""
+    value = headers.get(name)
+    if value is None or value.isascii():
+        return value
+    try:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "replace").decode("utf-8")
+
+
 def session_key(headers: Mapping[str, str], user: str | None = None) -> str:
     """`X-Session-Id`, else the body's `user`, else `default`."""
-    return headers.get("X-Session-Id") or user or "default"
+    return header(headers, "X-Session-Id") or user or "default"
 
 
 class Discovery(Protocol):
@@ -116,9 +128,11 @@ class Encoder:
         last = b"" if completion.finish_reason is not None else self.frame(self.final(completion, outcome, ""))
         return last + self.end_of_stream
 
-    def failing(self, error: ProxyError) -> bytes:
-        """What ends a started stream that failed."""
-        return self.frame(self.stream_error(error)) + self.end_of_stream
+    def failing(self, completion: Completion, error: ProxyError) -> bytes:
+        """What ends a started stream that failed: the error event, then the dialect's own end (the final
+        event and the end marker), so that a client waiting for the end sees it."""
+        last = b"" if completion.finish_reason is not None else self.frame(self.final(completion, Outcome.OK, ""))
+        return self.frame(self.stream_error(error)) + last + self.end_of_stream
 
     def body(self, completion: Completion, outcome: Outcome) -> bytes:
         """The whole non-streamed answer."""

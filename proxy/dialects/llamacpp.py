@@ -21,6 +21,7 @@ from proxy.dialects.base import (
     Encoder,
     FieldReader,
     finish_reason,
+    header,
     require_object,
     session_key,
 )
@@ -66,10 +67,10 @@ def parse_infill(body: Any, headers: Mapping[str, str], request_id: str) -> Norm
     params = fields.sampling()
     response_fields = _response_fields(fields.raw("response_fields"))
     params.update(fields.rest(_NOT_FORWARDED))
-    path = headers.get("X-File-Path") or (extra[-1][0] if extra else None) or None
+    path = header(headers, "X-File-Path") or (extra[-1][0] if extra else None) or None
     return NormalizedRequest(
         id=request_id, dialect=INFILL, session=session_key(headers), prefix=prefix + current_line, suffix=suffix,
-        stream=stream, max_tokens=max_tokens, params=params, file_path=path, language=headers.get("X-Language"),
+        stream=stream, max_tokens=max_tokens, params=params, file_path=path, language=header(headers, "X-Language"),
         context_files=tuple(f for f in extra if f[1]), response_fields=response_fields,
     )  # fmt: skip
 
@@ -88,8 +89,8 @@ def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> 
     params.update(fields.rest(_NOT_FORWARDED))
     return NormalizedRequest(
         id=request_id, dialect=COMPLETION, session=session_key(headers), prefix=prompt, suffix=None, stream=stream,
-        max_tokens=max_tokens, params=params, file_path=headers.get("X-File-Path"),
-        language=headers.get("X-Language"), response_fields=response_fields,
+        max_tokens=max_tokens, params=params, file_path=header(headers, "X-File-Path"),
+        language=header(headers, "X-Language"), response_fields=response_fields,
     )  # fmt: skip
 
 

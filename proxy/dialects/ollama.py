@@ -25,6 +25,7 @@ from proxy.dialects.base import (
     Encoder,
     FieldReader,
     finish_reason,
+    header,
     require_object,
     session_key,
 )
@@ -54,7 +55,7 @@ def parse_generate(body: Any, headers: Mapping[str, str], request_id: str) -> No
     return NormalizedRequest(
         id=request_id, dialect=DIALECT, session=session_key(headers), prefix=prompt, suffix=suffix or None,
         stream=stream, max_tokens=None if num_predict is None or num_predict < 0 else num_predict, params=params,
-        file_path=headers.get("X-File-Path"), language=headers.get("X-Language"), context_tokens=num_ctx,
+        file_path=header(headers, "X-File-Path"), language=header(headers, "X-Language"), context_tokens=num_ctx,
     )  # fmt: skip
 
 

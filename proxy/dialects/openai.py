@@ -20,6 +20,7 @@ from proxy.dialects.base import (
     Encoder,
     FieldReader,
     finish_reason,
+    header,
     openai_error,
     require_object,
     session_key,
@@ -63,8 +64,8 @@ def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> 
         stream=stream,
         max_tokens=max_tokens,
         params=params,
-        file_path=headers.get("X-File-Path"),
-        language=headers.get("X-Language"),
+        file_path=header(headers, "X-File-Path"),
+        language=header(headers, "X-Language"),
     )
 
 

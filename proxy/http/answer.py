@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.dialects.base import OUTCOME_HEADER, Encoder
 from proxy.errors import ProxyError
+from proxy.http.keys import STARTED
 from proxy.models import Chunk, Completion, Outcome
 
 
@@ -30,6 +31,7 @@ class HttpAnswer:
             if outcome is not None:
                 headers[OUTCOME_HEADER] = outcome.value
             response = web.StreamResponse(headers=headers)
+            self.http_request[STARTED] = True  # from now on no error may be answered as a response
             await response.prepare(self.http_request)
             self.response = response
         return self.response
@@ -50,11 +52,11 @@ class HttpAnswer:
         response = await self._start(outcome)
         await response.write_eof(self.encoder.closing(completion, outcome))  # one write with the chunked end
 
-    async def fail(self, error: ProxyError) -> None:
+    async def fail(self, completion: Completion, error: ProxyError) -> None:
         if self.response is None:
             self.error = error
             return
-        await self.response.write_eof(self.encoder.failing(error))
+        await self.response.write_eof(self.encoder.failing(completion, error))
 
     def result(self) -> web.StreamResponse:
         """The response to return from the handler; an early error is raised for the middleware."""

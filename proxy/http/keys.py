@@ -31,3 +31,6 @@ ROUTES = web.AppKey("routes", dict[str, tuple[Dialect, CompletionRoute | None]])
 REQUEST_ID = web.RequestKey("request_id", str)
 # Set once the completion service has the request: from then on it records the request itself.
 RECORDED = web.RequestKey("recorded", bool)
+# Set once a response has been prepared (its status and headers sent): an error after it ends the body
+# in the dialect's own way instead, and the middleware must not answer a second time.
+STARTED = web.RequestKey("started", bool)

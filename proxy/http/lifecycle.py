@@ -109,6 +109,8 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
             queued=lambda: policies.admission.depth,
             gpu_used=lambda: gpu.latest.used_bytes if gpu.latest and gpu.source == "nvml" else None,
             gpu_total=lambda: gpu.latest.total_bytes if gpu.latest and gpu.source == "nvml" else None,
+            log_errors=lambda: sum(sink.errors for sink in telemetry.sinks()),
+            log_dropped=lambda: sum(sink.dropped for sink in telemetry.sinks()),
         )
         budget = ContextBudget(budget_settings(settings), await build_counter(settings, upstream))
         log.info("context budget: %d tokens, tokenizer %s", settings.max_context_tokens, budget.counter.method)

@@ -19,7 +19,7 @@ from aiohttp import web
 from proxy.dialects import DEFAULT, Dialect
 from proxy.dialects.base import session_key
 from proxy.errors import InvalidRequestError, MethodNotAllowedError, NotFoundError, ProxyError, RequestTooLargeError
-from proxy.http.keys import RECORDED, REQUEST_ID, ROUTES, TELEMETRY
+from proxy.http.keys import RECORDED, REQUEST_ID, ROUTES, STARTED, TELEMETRY
 from proxy.models import NormalizedRequest
 
 log = logging.getLogger("mellum_proxy")
@@ -69,6 +69,11 @@ async def error_middleware(request: web.Request, handler: web.Handler) -> web.St
             raise
         error = as_proxy_error(request, exc)
     except Exception as exc:  # the one broad catch: every error leaves in the route's own shape
+        if request.get(STARTED, False):
+            # The status line is on the wire: a second response would corrupt the body. The handler ends
+            # bodies itself; reaching here is a defect, and aiohttp drops the connection after it.
+            log.exception("error after the answer started in %s %s", request.method, request.path, exc_info=exc)
+            raise
         error = as_proxy_error(request, exc)
     dialect, route = request.app[ROUTES].get(request.path, (DEFAULT, None))
     if route is not None and not request.get(RECORDED, False):

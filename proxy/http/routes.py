@@ -11,10 +11,11 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.dialects import REGISTRY, Dialect
-from proxy.dialects.base import CompletionRoute, DiscoveryRoute
-from proxy.errors import InvalidRequestError
+from proxy.dialects.base import CompletionRoute, DiscoveryRoute, openai_error
+from proxy.dialects.openai import DONE, sse
+from proxy.errors import InvalidRequestError, ProxyError
 from proxy.http.answer import HttpAnswer
-from proxy.http.keys import POLICIES, RECORDED, RECORDS, ROUTES, SERVICE, SETTINGS, TELEMETRY, UPSTREAM
+from proxy.http.keys import POLICIES, RECORDED, RECORDS, ROUTES, SERVICE, SETTINGS, STARTED, TELEMETRY, UPSTREAM
 from proxy.http.middleware import request_id
 from proxy.telemetry import GpuSampler
 from proxy.telemetry.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
@@ -82,20 +83,33 @@ def discovery_handler(route: DiscoveryRoute) -> Handler:
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Forward unchanged and pipe the answer back as it arrives."""
+    """Forward unchanged. An event stream is piped back as it arrives, and a failure after it started
+    ends it with an error event and `[DONE]`; any other answer is read whole first, so that a failure
+    is still an error response."""
     body = None
     if request.method == "POST":
         await read_json(request)  # bad JSON is our 400, not the upstream's
         body = await request.read()  # cached by aiohttp
     content_type = request.headers.get("Content-Type", "application/json")
-    async with relay(request.app[UPSTREAM], request.method, request.path, body, content_type) as answer:
+    if not content_type.isascii():
+        content_type = "application/json"
+    silence_s = request.app[SETTINGS].passthrough_timeout_ms / 1000
+    async with relay(request.app[UPSTREAM], request.method, request.path, body, content_type, silence_s) as answer:
+        if answer.content_type != "text/event-stream":
+            whole = b"".join([data async for data in answer.body])
+            out = web.Response(status=answer.status, body=whole, content_type=answer.content_type)
+            if answer.charset:
+                out.charset = answer.charset
+            return out
         out = web.StreamResponse(status=answer.status)
         out.content_type = answer.content_type
-        if answer.charset:
-            out.charset = answer.charset
+        request[STARTED] = True
         await out.prepare(request)
-        async for data in answer.body:
-            await out.write(data)
+        try:
+            async for data in answer.body:
+                await out.write(data)
+        except ProxyError as error:
+            await out.write(b"\n\n" + sse(openai_error(error)) + DONE)  # the blank line ends a cut event
         await out.write_eof()
         return out
 
@@ -138,6 +152,17 @@ async def status(request: web.Request) -> web.Response:
             for r in recent
         ],
         "vram": vram_status(gpu),
+        "logs": [
+            {
+                "path": str(sink.path),
+                "written": sink.written,
+                "dropped": sink.dropped,
+                "errors": sink.errors,
+                "error": sink.error,
+                "rotate_error": sink.rotate_error,
+            }
+            for sink in app[TELEMETRY].sinks()
+        ],
     }
     return web.json_response(body, dumps=_dumps)
 

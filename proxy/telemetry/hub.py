@@ -33,6 +33,10 @@ class Telemetry:
         self.recorder = recorder
         self.clock = clock
 
+    def sinks(self) -> list[JsonlLog]:
+        """The files requests are written to (`--log`, `--record`)."""
+        return [sink for sink in (self.log, self.recorder) if sink is not None]
+
     def start(self, request: NormalizedRequest) -> RequestRecord:
         clock = self.clock
         record = RequestRecord.start(request, clock.now(), clock.unix(), self.log_content, self.log is not None)
@@ -64,7 +68,7 @@ class Telemetry:
         `upstream_error` for a 5xx)."""
         record = self.start(request)
         record.outcome = Outcome.BAD_REQUEST if error.status < 500 else Outcome.UPSTREAM_ERROR
-        record.upstream_status = error.status
+        record.upstream_status = error.upstream_status
         self.finish(record, Completion(id=f"cmpl-{request.id}"))
 
 

@@ -1,75 +1,184 @@
 """`JsonlLog`: the request log, one orjson line per request, appended and flushed.
 
-Lines go through a queue to a writer task that writes in a worker thread, so a slow disk never
-blocks the event loop. When the file passes `max_bytes` it is rotated (`FILE.1`, `FILE.2`, ...,
-the oldest beyond `keep` dropped). `close()` writes everything queued before it returns: nothing
-already recorded is lost on shutdown.
+Lines go through a bounded queue to a writer task that writes in a worker thread, so a slow disk
+never blocks the event loop. When the file passes `max_bytes` it is rotated (`FILE.1`, `FILE.2`,
+..., the oldest beyond `keep` dropped). `close()` writes everything queued before it returns:
+nothing already recorded is lost on shutdown.
+
+A log that cannot be written (a read-only directory, a full disk) never fails a request. The first
+failure is reported at once (a warning on stderr; `error` for `/status`, `errors` for `/metrics`);
+the writer keeps the lines and tries again with a growing pause, and resumes when the file can be
+written again. Each batch is written as whole lines: what a failed write left of it is cut off
+again. While it cannot write, the queue keeps the newest `max_queued` lines and counts the ones it
+drops (`dropped`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 
-_STOP = b""
+log = logging.getLogger("mellum_proxy")
+
+MAX_QUEUED = 50_000  # lines kept while the file cannot be written (~830 B each: ~40 MB at most)
+RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)  # pauses between attempts to write again
+CLOSING_ATTEMPTS = 3  # at shutdown, the log is given up after this many more failed attempts
 
 
 class JsonlLog:
-    def __init__(self, path: Path, max_bytes: int, keep: int = 3) -> None:
+    def __init__(self, path: Path, max_bytes: int, keep: int = 3, max_queued: int = MAX_QUEUED) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.keep = keep
-        self.written = 0
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
-        self._file: IO[bytes] | None = None
+        self.max_queued = max_queued
+        self.written = 0  # lines on disk
+        self.dropped = 0  # lines dropped because the queue was full
+        self.errors = 0  # failed write attempts
+        self.error: str | None = None  # the current failure, None while writing works
+        self._lines: deque[bytes] = deque()
+        self._first = 0  # the number of the oldest line queued (lines are numbered as they come)
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing = False
+        self._fd: int | None = None
         self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Condition()
+        self._size = 0  # of the file, after the last write
+        self._rotate_at = max_bytes
+        self.rotate_error: str | None = None
 
     def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._closing = False
         self._task = asyncio.create_task(self._run(), name="jsonl-log")
 
     def put(self, line: dict[str, Any]) -> None:
-        """Queue one record (never blocks)."""
-        self._queue.put_nowait(orjson.dumps(line) + b"\n")
+        """Queue one record (never blocks; past `max_queued` the oldest queued line is dropped)."""
+        if len(self._lines) >= self.max_queued:
+            self._lines.popleft()
+            self._first += 1
+            self.dropped += 1
+        self._lines.append(orjson.dumps(line) + b"\n")
+        self._idle.clear()
+        self._wake.set()
+
+    async def flushed(self) -> None:
+        """Wait until every line queued so far is written (or dropped)."""
+        await self._idle.wait()
 
     async def close(self) -> None:
-        """Write what is queued, then close the file."""
+        """Write what is queued (trying until it can, or for one last round of retries), then close."""
         if self._task is not None:
-            self._queue.put_nowait(_STOP)
+            self._closing = True
+            self._wake.set()
             await self._task
             self._task = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._lines:
+            log.warning("request log %s: %d lines could not be written: %s", self.path, len(self._lines), self.error)
+        self._close_fd()
 
     async def _run(self) -> None:
+        attempt = 0
         while True:
-            batch = [await self._queue.get()]
-            while not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            lines = [line for line in batch if line is not _STOP]
-            if lines:
-                await asyncio.to_thread(self._write, lines)
-            if len(lines) < len(batch):
-                return
+            if not self._lines:
+                self._idle.set()
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch, end = list(self._lines), self._first + len(self._lines)
+            try:
+                await asyncio.to_thread(self._write, b"".join(batch))
+            except Exception as exc:  # OSError above all; anything else must not stop the writer either
+                self._failed(exc)
+                await self._notify()
+                if self._closing and attempt >= CLOSING_ATTEMPTS:
+                    return
+                await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
+                attempt += 1
+                continue
+            while self._lines and self._first < end:  # the lines written (the oldest may be dropped already)
+                self._lines.popleft()
+                self._first += 1
+            self.written += len(batch)
+            if self.error is not None:
+                log.warning("request log %s: writing again (%d lines dropped meanwhile)", self.path, self.dropped)
+                self.error = None
+            attempt = 0
+            if self._size >= self._rotate_at:
+                await self._rotate_or_grow()
+            await self._notify()
 
-    def _write(self, lines: list[bytes]) -> None:
-        if self._file is None:
-            self._file = self.path.open("ab")
-        for line in lines:
-            self._file.write(line)
-        self._file.flush()
-        self.written += len(lines)
-        if self._file.tell() >= self.max_bytes:
-            self._rotate()
+    async def _rotate_or_grow(self) -> None:
+        """Rotate; when that fails (a read-only directory), go on in the current file and try again once
+        it has grown by another `max_bytes`."""
+        try:
+            await asyncio.to_thread(self._rotate)
+        except OSError as exc:
+            self.errors += 1
+            self._rotate_at = self._size + self.max_bytes
+            log.warning("request log %s cannot be rotated: %s; it goes on growing", self.path, exc.strerror or exc)
+            self.rotate_error = str(exc.strerror or exc)
+            return
+        self._rotate_at, self.rotate_error = self.max_bytes, None
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_until(self, predicate: Callable[[JsonlLog], bool], timeout_s: float = 10.0) -> None:
+        """Wait until `predicate(self)` holds after a write attempt (for tests and the soak)."""
+        async with asyncio.timeout(timeout_s), self._changed:
+            await self._changed.wait_for(lambda: predicate(self))
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        self._close_fd()  # reopened on the next attempt: the file may come back elsewhere
+        if isinstance(exc, OSError):
+            message = f"{exc.strerror or exc} ({exc.filename or self.path})"
+        else:
+            message = f"{type(exc).__name__}: {exc}"
+        if self.error is None:
+            log.warning("request log %s cannot be written: %s; retrying, requests go on", self.path, message)
+        self.error = message
+
+    def _write(self, data: bytes) -> None:
+        """Append `data` whole, or not at all (a partial write is cut off again)."""
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = self._fd
+        start = os.fstat(fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                pass  # not a regular file (or not even that works): nothing more can be done here
+            raise
+        self._size = start + len(data)
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _rotate(self) -> None:
-        assert self._file is not None
-        self._file.close()
-        self._file = None
+        self._close_fd()
         for n in range(self.keep, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{n}")
             newer = self.path.with_name(f"{self.path.name}.{n - 1}") if n > 1 else self.path

@@ -7,10 +7,12 @@ Gauges read live state through callbacks, so nothing on the request path updates
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from proxy.models import Outcome
 from proxy.telemetry.record import RequestRecord
@@ -28,6 +30,8 @@ class ProxyMetrics:
         queued: Callable[[], int],
         gpu_used: Callable[[], int | None],
         gpu_total: Callable[[], int | None],
+        log_errors: Callable[[], int] = lambda: 0,
+        log_dropped: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -60,6 +64,8 @@ class ProxyMetrics:
             _or_nan(gpu_total)
         )
 
+        r.register(_LogCounters(log_errors, log_dropped))
+
     def observe(self, record: RequestRecord) -> None:
         self._by_outcome[record.outcome or Outcome.CLIENT_GONE].inc()
         if record.ttft_ms is not None:
@@ -71,6 +77,19 @@ class ProxyMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _LogCounters(Collector):
+    """The request log's failed writes and dropped lines, read from the log itself when scraped."""
+
+    def __init__(self, errors: Callable[[], int], dropped: Callable[[], int]) -> None:
+        self.errors, self.dropped = errors, dropped
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("mellum_proxy_log_errors", "Failed request-log writes.", value=self.errors())
+        yield CounterMetricFamily(
+            "mellum_proxy_log_dropped", "Request-log lines dropped while it could not be written.", value=self.dropped()
+        )
 
 
 def _or_nan(read: Callable[[], int | None]) -> Callable[[], float]:

@@ -162,6 +162,8 @@ class UpstreamClient:
             if resp.content_type == "application/json":
                 yield [chunk_from_bytes(await resp.read())]
                 return
+            if resp.content_type != "text/event-stream":
+                raise UpstreamProtocolError(f"upstream answered {resp.content_type}, not an event stream")
             async for batch in read_sse(resp.content.iter_any()):
                 yield batch
             await _drain(resp)

@@ -34,14 +34,14 @@ def translate_errors(url: str) -> Iterator[None]:
     except aiohttp.ServerDisconnectedError as exc:
         raise UpstreamUnavailableError(f"upstream {url} closed the connection") from exc
     except aiohttp.ClientPayloadError as exc:
-        raise UpstreamProtocolError(f"upstream {url} sent a broken body: {exc}") from exc
+        raise UpstreamProtocolError(f"upstream {url} ended its answer early (broken or cut body)") from exc
     except aiohttp.ClientError as exc:
         raise UpstreamUnavailableError(f"upstream {url} failed: {exc}") from exc
 
 
 def status_error(status: int, body: bytes) -> UpstreamStatusError:
     """Build the error for an upstream 4xx/5xx, keeping its message and type when it gave one."""
-    message, error_type = body.decode("utf-8", "replace")[:2000] or f"upstream answered {status}", None
+    message, error_type = body[:2000].decode("utf-8", "replace") or f"upstream answered {status}", None
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:

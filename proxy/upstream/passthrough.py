@@ -10,7 +10,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import aiohttp
+
 from proxy.upstream.client import UpstreamClient
+from proxy.upstream.errors import translate_errors
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,12 +26,23 @@ class Relayed:
 
 @asynccontextmanager
 async def relay(
-    upstream: UpstreamClient, method: str, path: str, body: bytes | None, content_type: str
+    upstream: UpstreamClient, method: str, path: str, body: bytes | None, content_type: str, silence_s: float
 ) -> AsyncIterator[Relayed]:
     """Send one request to `path` on the upstream; read `body` inside the `async with`.
 
+    The upstream may be silent (no answer, no byte) for at most `silence_s` (0: no limit).
+
     Raises:
-        UpstreamError: the upstream is unreachable or answered 4xx/5xx.
+        UpstreamError: the upstream is unreachable, answered 4xx/5xx, or was silent too long
+            (`UpstreamTimeoutError`; also while the body is read).
     """
-    async with upstream.open(method, path, body, {"Content-Type": content_type}) as resp:
-        yield Relayed(resp.status, resp.content_type, resp.charset, resp.content.iter_any())
+    limit = aiohttp.ClientTimeout(total=None, sock_read=silence_s or None)
+    async with upstream.open(method, path, body, {"Content-Type": content_type}, limit) as resp:
+        yield Relayed(resp.status, resp.content_type, resp.charset, _translated(upstream.url(path), resp))
+
+
+async def _translated(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The body as it arrives; a failure while reading it is an `UpstreamError` like any other."""
+    with translate_errors(url):
+        async for data in resp.content.iter_any():
+            yield data

@@ -158,8 +158,10 @@ def chunk_from_event(event: dict[str, Any], raw: bytes | None = None) -> Chunk:
     if finish is not None and type(finish) is not str:
         raise UpstreamProtocolError("upstream sent a 'finish_reason' that is not a string")
     usage, timings = event.get("usage"), event.get("timings")
-    if (usage is not None and type(usage) is not dict) or (timings is not None and type(timings) is not dict):
-        raise UpstreamProtocolError("upstream sent 'usage' or 'timings' that is not an object")
+    if usage is not None:
+        _check_numbers("usage", usage)
+    if timings is not None:
+        _check_numbers("timings", timings)
     model, created, ident = event.get("model"), event.get("created"), event.get("id")
     return Chunk(
         text,
@@ -171,3 +173,19 @@ def chunk_from_event(event: dict[str, Any], raw: bytes | None = None) -> Chunk:
         ident if type(ident) is str else None,
         raw,
     )
+
+
+def _check_numbers(name: str, value: Any) -> None:
+    """`usage` and `timings` are objects whose known fields are numbers (the dialects compute with them)."""
+    if type(value) is not dict:
+        raise UpstreamProtocolError(f"upstream sent '{name}' that is not an object")
+    for key in NUMERIC_FIELDS[name]:
+        field = value.get(key)
+        if field is not None and (type(field) is bool or not isinstance(field, int | float)):
+            raise UpstreamProtocolError(f"upstream sent '{name}.{key}' that is not a number")
+
+
+NUMERIC_FIELDS = {
+    "usage": ("prompt_tokens", "completion_tokens", "total_tokens"),
+    "timings": ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n"),
+}

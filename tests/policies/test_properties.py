@@ -66,7 +66,7 @@ class RecordingAnswer:
     async def finish(self, completion: Completion, outcome: Outcome) -> None:
         self.calls.append(("finish", outcome, completion.text))
 
-    async def fail(self, error: ProxyError) -> None:
+    async def fail(self, completion: Completion, error: ProxyError) -> None:
         self.calls.append(("fail", str(error)))
 
 

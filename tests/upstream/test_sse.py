@@ -58,7 +58,7 @@ async def test_unreadable_events_are_protocol_errors(event: bytes) -> None:
 async def test_an_error_event_is_the_servers_error() -> None:
     with pytest.raises(UpstreamStatusError) as caught:
         await read(b'data: {"error": {"message": "decode failed", "type": "server_error"}}\n\n')
-    assert caught.value.status == 500 and caught.value.message == "decode failed"
+    assert (caught.value.status, caught.value.upstream_status, caught.value.message) == (502, 500, "decode failed")
 
 
 async def reads(*pieces: bytes) -> AsyncIterator[bytes]:

@@ -1,0 +1,161 @@
+"""`FaultUpstream`: an OpenAI-compatible completion server that misbehaves on purpose.
+
+Each request is answered by one named fault from `FAULTS`: the server's default `fault`, or the one
+a prompt names with a `[fault:NAME]` marker (so one run can mix them: `bench soak`). The faults are
+the ways real servers and networks have failed a completion: errors before and after the first
+event, dropped connections, stalls, events of the wrong shape, oversized or split events, a JSON
+answer to a streamed request. It counts what it served and how many clients went away early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import Counter
+from typing import Any
+
+from aiohttp import web
+
+from proxy.dialects.openai import DONE, sse, text_completion
+
+FAULTS: dict[str, str] = {
+    "ok": "a normal stream of a few events",
+    "status_500": "HTTP 500 with an OpenAI error body",
+    "status_503_text": "HTTP 503 with a plain-text body",
+    "drop_before_headers": "the connection closes before any answer",
+    "drop_after_first": "the first event, then the connection closes",
+    "error_event_after_first": "the first event, then an `error` event (llama.cpp's mid-stream report)",
+    "garbage_after_first": "the first event, then an event that is not JSON",
+    "choices_object": "an event whose `choices` is an object",
+    "choices_number": "an event whose `choices` is a number",
+    "usage_string": "the last event's `usage` is a string",
+    "timings_not_numbers": "the last event's llama.cpp `timings` values are strings",
+    "usage_not_numbers": "the last event's `usage` token counts are strings",
+    "huge_event": "one event of 600 KiB",
+    "multiline_data": "an event split over two `data:` lines",
+    "json_answer": "a JSON body although `stream: true` was asked",
+    "stall_before_headers": "no answer at all until the client gives up",
+    "stall_after_first": "the first event, then silence",
+    "no_done": "the stream ends without `[DONE]`",
+    "invalid_utf8": "an event whose text holds bytes that are not UTF-8",
+    "html_answer": "a 200 answer in text/html",
+}
+
+_MARKER = re.compile(r"\[fault:([a-z0-9_]+)\]")
+
+
+class FaultUpstream:
+    def __init__(self, fault: str = "ok", tokens: int = 3) -> None:
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        self.fault = fault
+        self.tokens = tokens
+        self.served: Counter[str] = Counter()
+        self.disconnects = 0
+        self.active = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/props", self._props)
+        return app
+
+    def fault_for(self, payload: dict[str, Any]) -> str:
+        prompt = payload.get("prompt")
+        if not isinstance(prompt, str):
+            messages = payload.get("messages") or [{}]
+            prompt = str(messages[-1].get("content", "")) if isinstance(messages[-1], dict) else ""
+        found = _MARKER.search(prompt)
+        return found.group(1) if found and found.group(1) in FAULTS else self.fault
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _props(self, request: web.Request) -> web.Response:
+        return web.json_response({"total_slots": 4})
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        if self.fault == "stall_before_headers":
+            await asyncio.Event().wait()
+        return web.json_response({"object": "list", "data": [{"id": "fault", "object": "model"}]})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        fault = self.fault_for(payload)
+        self.served[fault] += 1
+        self.active += 1
+        try:
+            return await self._answer(request, fault)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.disconnects += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def _answer(self, request: web.Request, fault: str) -> web.StreamResponse:
+        ident, created = f"fault-{sum(self.served.values())}", int(time.time())
+
+        def event(text: str, finish: str | None = None, **extra: Any) -> bytes:
+            return sse(text_completion(ident, created, "fault", text, finish) | extra)
+
+        if fault == "status_500":
+            return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
+        if fault == "status_503_text":
+            return web.Response(status=503, text="Service Unavailable: loading model")
+        if fault == "stall_before_headers":
+            await asyncio.Event().wait()
+        if fault == "drop_before_headers":
+            _drop(request)
+            return web.Response()
+        if fault == "json_answer":
+            usage = {"prompt_tokens": 3, "completion_tokens": 2}
+            return web.json_response(text_completion(ident, created, "fault", "t0 t1 ", "length", usage))
+        if fault == "html_answer":
+            return web.Response(text="<html>hello</html>", content_type="text/html")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(event("t0 "))
+        await response.drain()
+        if fault == "drop_after_first":
+            _drop(request)
+            return response
+        if fault == "stall_after_first":
+            await asyncio.Event().wait()
+        bad = {
+            "error_event_after_first": sse(
+                {"error": {"code": 500, "message": "decode failed", "type": "server_error"}}
+            ),
+            "garbage_after_first": b"data: this is not json\n\n",
+            "choices_object": b'data: {"choices": {"text": "x"}}\n\n',
+            "choices_number": b'data: {"choices": 3}\n\n',
+            "huge_event": event("x" * (600 * 1024)),
+            "multiline_data": b'data: {"choices": [{"text": "t1 ",\ndata:  "finish_reason": null}]}\n\n',
+            "invalid_utf8": b'data: {"choices": [{"text": "t1 \xff\xfe", "finish_reason": null}]}\n\n',
+        }
+        if fault in bad:
+            await response.write(bad[fault])
+        for i in range(1, self.tokens):
+            await response.write(event(f"t{i} "))
+        usage: Any = {"prompt_tokens": 3, "completion_tokens": self.tokens}
+        extra: dict[str, Any] = {"usage": usage}
+        if fault == "usage_string":
+            extra = {"usage": "three"}
+        elif fault == "usage_not_numbers":
+            extra = {"usage": {"prompt_tokens": "3", "completion_tokens": "x"}}
+        elif fault == "timings_not_numbers":
+            extra["timings"] = {"prompt_n": "3", "prompt_ms": "fast", "predicted_n": 2, "predicted_ms": "slow"}
+        await response.write(event("", "length", **extra))
+        if fault != "no_done":
+            await response.write(DONE)
+        await response.write_eof()
+        return response
+
+
+def _drop(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
