@@ -4,7 +4,9 @@ Each request is answered by one named fault from `FAULTS`: the server's default 
 a prompt names with a `[fault:NAME]` marker (so one run can mix them: `bench soak`). The faults are
 the ways real servers and networks have failed a completion: errors before and after the first
 event, dropped connections, stalls, events of the wrong shape, oversized or split events, a JSON
-answer to a streamed request. It counts what it served and how many clients went away early.
+answer to a streamed request. It counts what it served and how many clients went away early. A
+test that must see the first event reach its client before the fault sets `after_first` (an
+`asyncio.Event`) and opens it once it has.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class FaultUpstream:
             raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
         self.fault = fault
         self.tokens = tokens
+        self.after_first: asyncio.Event | None = None  # when set: each answer waits for it after its first event
         self.served: Counter[str] = Counter()
         self.disconnects = 0
         self.active = 0
@@ -119,7 +122,8 @@ class FaultUpstream:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await response.write(event("t0 "))
-        await response.drain()
+        if self.after_first is not None:
+            await self.after_first.wait()  # a test reads the first event through the proxy first
         if fault == "drop_after_first":
             _drop(request)
             return response

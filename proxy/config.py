@@ -8,6 +8,7 @@ in `Settings.settings_customise_sources`.
 from __future__ import annotations
 
 import contextvars
+import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +31,15 @@ class SettingsError(ValueError):
     """A setting is invalid or unknown; the message is one readable line that names it."""
 
 
+def redact_url(url: str) -> str:
+    """`url` as it may be shown (status, errors, logs): credentials in it (`user:password@`) become `***@`."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if not sep or "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
+
+
 def upstream_base_url(url: str) -> str:
     """A server's base URL as the proxy uses it: no trailing slash, and no trailing `/v1`."""
     return url.strip().rstrip("/").removesuffix("/v1")
@@ -42,6 +52,9 @@ class Settings(BaseSettings):
 
     # --- where we listen and what we talk to -------------------------------------------------
     listen: str = Field("127.0.0.1:8011", description="HOST:PORT to listen on (loopback by default).")
+    auth_token: str | None = Field(
+        None, min_length=8, description="When set, every request must carry `Authorization: Bearer TOKEN`."
+    )
     upstream: str = Field(
         "http://127.0.0.1:8000",
         description="Base URL of the OpenAI-compatible model server (a trailing /v1 is accepted).",
@@ -140,6 +153,24 @@ class Settings(BaseSettings):
         if "debounce_ms" in self.model_fields_set and "dispatch" not in self.model_fields_set:
             return "fixed"
         return self.dispatch
+
+    def shown(self) -> dict[str, Any]:
+        """The settings as `/status` shows them: no secret, no credential in a URL."""
+        values = self.model_dump(mode="json")
+        values["upstream"] = redact_url(self.upstream)
+        values["auth_token"] = "***" if self.auth_token else None
+        return values
+
+    @property
+    def loopback_only(self) -> bool:
+        """Whether only this machine can reach the proxy."""
+        host = self.listen_host
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False  # a name that may resolve beyond this machine
 
     @property
     def listen_host(self) -> str:

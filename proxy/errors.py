@@ -3,6 +3,8 @@
     ProxyError
      ├── InvalidRequestError        400  the client's body is not what the endpoint takes
      ├── RequestTooLargeError       413  body over --max-body-bytes
+     ├── UnauthorizedError          401  no or a wrong --auth-token
+     ├── ForbiddenError             403  /status or /metrics asked under a foreign Host name
      ├── NotFoundError              404  unknown path
      ├── MethodNotAllowedError      405
      └── UpstreamError              502  anything that went wrong talking to the model server
@@ -44,6 +46,16 @@ class InvalidRequestError(ProxyError):
 class RequestTooLargeError(ProxyError):
     status = 413
     type = "request_too_large"
+
+
+class UnauthorizedError(ProxyError):
+    status = 401
+    type = "unauthorized"
+
+
+class ForbiddenError(ProxyError):
+    status = 403
+    type = "forbidden"
 
 
 class NotFoundError(ProxyError):

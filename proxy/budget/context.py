@@ -120,7 +120,9 @@ class ContextBudget:
         try:
             return await self._apply(request, self.counter, self.lines)
         except UpstreamError as exc:
-            log.warning("tokenizer %s failed (%s); estimating from characters", self.counter.method, exc)
+            # the upstream's message is not logged: a tokenizer's error may quote the text it was sent
+            why = f"{exc.type}, HTTP {exc.upstream_status}"
+            log.warning("tokenizer %s failed (%s); estimating from characters", self.counter.method, why)
             return await self._apply(request, self._fallback, LineCounts())
 
     async def _apply(self, request: NormalizedRequest, counter: TokenCounter, lines: LineCounts) -> BudgetedPrompt:

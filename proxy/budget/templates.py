@@ -2,8 +2,9 @@
 
 A template is data: an optional file header (`{path}`) and a body with `{prefix}` and `{suffix}`.
 Rendering substitutes with `str.replace` (source code is full of braces); parsing turns the same
-template into a regex, so a client that pre-rendered its prompt (Continue's OpenAI provider) can be
-truncated properly instead of cut blindly from the left.
+same template back, so a client that pre-rendered its prompt (Continue's OpenAI provider) can be
+truncated properly instead of cut blindly from the left. Parsing is a few `str.find`s, linear in the
+prompt whatever it holds (a regex of lazy groups took seconds on a prompt of repeated markers).
 """
 
 from __future__ import annotations
@@ -29,12 +30,10 @@ class FimTemplate:
     body: str
     header: str = ""
     stops: tuple[str, ...] = ()
-    _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _pieces: tuple[str, ...] = field(init=False, repr=False, compare=False)
     markers: tuple[str, ...] = field(init=False, repr=False, compare=False)  # the body's literal markers
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_pattern", _compile(self))
         object.__setattr__(self, "_pieces", tuple(p for p in re.split(r"(\{prefix\}|\{suffix\})", self.body) if p))
         object.__setattr__(self, "markers", tuple(re.findall(r"<[^<>\s{}]+>", self.body)))
 
@@ -58,12 +57,45 @@ class FimTemplate:
         return "".join(out), starts[0], starts[1]
 
     def parse(self, prompt: str) -> FimParts | None:
-        """The parts of a prompt rendered with this template, or None when it is not one."""
-        match = self._pattern.fullmatch(prompt)
-        if match is None:
+        """The parts of a prompt rendered with this template, or None when it is not one.
+
+        The body starts at the first occurrence of its opening marker (at the very start when the
+        template has no file header, else after any packed context and an optional header) and ends
+        the prompt; each placeholder but the last ends at the next occurrence of the marker after it.
+        """
+        pieces = _split(self.body)
+        start = prompt.find(pieces[0])
+        if start < 0 or (start > 0 and not self.header):
             return None
-        groups = match.groupdict()
-        return FimParts(groups["prefix"], groups["suffix"], groups.get("path"), groups.get("context") or "")
+        context, path = "", None
+        if start > 0:
+            context, path = self._header_before(prompt, start)
+        values: dict[str, str] = {}
+        position = start + len(pieces[0])
+        for index in range(1, len(pieces), 2):
+            name, literal = pieces[index], pieces[index + 1]
+            last = index + 2 >= len(pieces)
+            end = len(prompt) - len(literal) if last else prompt.find(literal, position)
+            if end < position or (last and not prompt.endswith(literal)):
+                return None
+            values[name] = prompt[position:end]
+            if name == "path" and "\n" in values[name]:
+                return None
+            position = end + len(literal)
+        return FimParts(values.get("prefix", ""), values.get("suffix", ""), values.get("path", path), context)
+
+    def _header_before(self, prompt: str, start: int) -> tuple[str, str | None]:
+        """(packed context, path) of what precedes the body at `start`: a header right before it, or none."""
+        head, _, tail = self.header.partition("{path}")
+        if not prompt.endswith(tail, 0, start):
+            return prompt[:start], None
+        at = prompt.rfind(head, 0, start - len(tail))
+        if at < 0:
+            return prompt[:start], None
+        path = prompt[at + len(head) : start - len(tail)]
+        if "\n" in path:
+            return prompt[:start], None
+        return prompt[:at], path
 
     @property
     def special_tokens(self) -> tuple[str, ...]:
@@ -71,20 +103,10 @@ class FimTemplate:
         return tuple(sorted(set(re.findall(r"<[^<>\s{}]+>", self.header + self.body))))
 
 
-def _compile(template: FimTemplate) -> re.Pattern[str]:
-    def to_regex(text: str) -> str:
-        out, pos = [], 0
-        for match in re.finditer(r"\{(prefix|suffix|path)\}", text):
-            out.append(re.escape(text[pos : match.start()]))
-            name = match[1]
-            out.append(r"(?P<path>[^\n]*)" if name == "path" else f"(?P<{name}>.*?)")
-            pos = match.end()
-        out.append(re.escape(text[pos:]))
-        return "".join(out)
-
-    header = f"(?:{to_regex(template.header)})?" if template.header else ""
-    context = r"(?P<context>.*?)" if template.header else ""
-    return re.compile(context + header + to_regex(template.body), re.DOTALL)
+@functools.lru_cache(maxsize=32)
+def _split(body: str) -> list[str]:
+    """A body as [literal, name, literal, name, ..., literal] (names: prefix, suffix, path)."""
+    return re.split(r"\{(prefix|suffix|path)\}", body)
 
 
 MELLUM = FimTemplate(

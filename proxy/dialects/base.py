@@ -219,7 +219,27 @@ class FieldReader:
         options = self.body.get("stream_options")
         if options is not None and not isinstance(options, dict):
             raise InvalidRequestError(f"'{self._name('stream_options')}' must be an object")
-        return {key: value for key, value in self.body.items() if key not in self.used and key not in drop}
+        rest = {key: value for key, value in self.body.items() if key not in self.used and key not in drop}
+        for key, value in rest.items():
+            if isinstance(value, dict | list) and too_deep(value, MAX_NESTING):
+                raise InvalidRequestError(f"'{self._name(key)}' is nested more than {MAX_NESTING} levels deep")
+        return rest
+
+
+MAX_NESTING = 64  # of a field passed on; orjson writes at most 254 levels, and no sampling option needs many
+
+
+def too_deep(value: Any, limit: int) -> bool:
+    """Whether lists and objects inside `value` nest deeper than `limit` (no recursion)."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        level = [
+            inner for outer in level for inner in (outer.values() if isinstance(outer, dict) else outer)
+            if isinstance(inner, dict | list)
+        ]  # fmt: skip
+        if not level:
+            return False
+    return True
 
 
 def require_object(body: Any) -> dict[str, Any]:

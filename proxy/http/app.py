@@ -10,6 +10,7 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.http import lifecycle
+from proxy.http.guard import guard_middleware
 from proxy.http.keys import RECORDS, SETTINGS
 from proxy.http.middleware import error_middleware, request_id
 from proxy.http.routes import add_routes
@@ -18,7 +19,8 @@ from proxy.telemetry import RecentRecords
 
 def build_app(settings: Settings) -> web.Application:
     """The proxy's app: start it with `proxy.http.serve_app` or a test client."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
+    middlewares = [error_middleware, guard_middleware(settings)]  # the guard's refusals are rendered by the first
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[RECORDS] = RecentRecords()
     if settings.embedded:

@@ -123,7 +123,7 @@ async def health(request: web.Request) -> web.Response:
     reachable = await upstream.reachable()
     body = {
         "status": "ok" if reachable else "unavailable",
-        "upstream": {"url": upstream.base_url, "reachable": reachable},
+        "upstream": {"url": upstream.shown_url, "reachable": reachable},
     }
     return web.json_response(body, status=200 if reachable else 503, dumps=_dumps)
 
@@ -141,8 +141,8 @@ async def status(request: web.Request) -> web.Response:
     recent = list(app[RECORDS])[-20:]
     body = {
         "version": __version__,
-        "settings": app[SETTINGS].model_dump(mode="json"),
-        "upstream": {"url": app[UPSTREAM].base_url, "max_concurrency": policies.admission.limit},
+        "settings": app[SETTINGS].shown(),
+        "upstream": {"url": app[UPSTREAM].shown_url, "max_concurrency": policies.admission.limit},
         "inflight": policies.admission.running,
         "queued": policies.admission.depth,
         "debouncing": policies.debouncer.held(),

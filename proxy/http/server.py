@@ -1,15 +1,17 @@
 """Running an app on a socket: `serve_app` (any app, a loopback port by default, for the bench and
 tests too) and `serve` (the proxy in the foreground until SIGINT/SIGTERM).
 
-Shutdown follows aiohttp's order: stop accepting, let in-flight requests finish within
-`shutdown_timeout_s`, cancel the rest, then run the cleanup contexts (upstream session, embedded
-server, request log).
+Shutdown: for `ACCEPT_AFTER_STOP_S` after the signal the proxy goes on serving, so that a request
+already on the wire (sent, not yet read) is answered and logged rather than cut off; then aiohttp's
+order: stop accepting, let in-flight requests finish within `shutdown_timeout_s`, cancel the rest,
+then run the cleanup contexts (upstream session, embedded server, request log).
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -18,6 +20,8 @@ from aiohttp import web
 from proxy.config import Settings
 from proxy.http.app import build_app
 from proxy.http.keys import UPSTREAM
+
+ACCEPT_AFTER_STOP_S = 0.2  # requests sent just before the signal still arrive in this window
 
 
 @asynccontextmanager
@@ -45,10 +49,15 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     app = build_app(settings)
     try:
         async with serve_app(app, settings.listen_host, settings.listen_port, settings.shutdown_timeout_s):
-            upstream = app[UPSTREAM].base_url
+            upstream = app[UPSTREAM].shown_url
             print(f"mellum-proxy listening on http://{settings.listen} -> upstream {upstream}", flush=True)
+            if not settings.loopback_only:
+                reach = "with --auth-token required" if settings.auth_token else "WITHOUT a token (set --auth-token)"
+                print(f"mellum-proxy: WARNING: listening on {settings.listen_host}, beyond this machine, "
+                      f"{reach}; completions carry source code", file=sys.stderr, flush=True)  # fmt: skip
             await stop.wait()
             print("mellum-proxy: shutting down", flush=True)
+            await asyncio.sleep(ACCEPT_AFTER_STOP_S)
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)

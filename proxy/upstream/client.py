@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from proxy.config import redact_url
 from proxy.errors import UpstreamProtocolError
 from proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
 from proxy.upstream.errors import status_error, translate_errors
@@ -63,6 +64,7 @@ class UpstreamClient:
     def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
+        self.shown_url = redact_url(self.base_url)  # for messages, `/status` and `/health`: no credentials
         self._held_source: str | None = ""  # "": not probed yet; None: the server cannot say
 
     async def held(self) -> int | None:
@@ -124,7 +126,7 @@ class UpstreamClient:
         options: dict[str, Any] = {"data": data, "headers": headers or _JSON}
         if limit is not None:
             options["timeout"] = limit
-        with translate_errors(url):
+        with translate_errors(self.shown_url + path):
             resp = await self._send(method, url, options)
             try:
                 if resp.status >= 400:
@@ -183,7 +185,7 @@ class UpstreamClient:
         try:
             return orjson.loads(answer)
         except orjson.JSONDecodeError as exc:
-            raise UpstreamProtocolError(f"upstream {self.url(path)} sent non-JSON") from exc
+            raise UpstreamProtocolError(f"upstream {self.shown_url + path} sent non-JSON") from exc
 
     async def reachable(self, timeout_s: float = 1.0) -> bool:
         """Whether the upstream answers: llama.cpp/vLLM `/health`, else `/v1/models`."""

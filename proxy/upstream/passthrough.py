@@ -38,7 +38,7 @@ async def relay(
     """
     limit = aiohttp.ClientTimeout(total=None, sock_read=silence_s or None)
     async with upstream.open(method, path, body, {"Content-Type": content_type}, limit) as resp:
-        yield Relayed(resp.status, resp.content_type, resp.charset, _translated(upstream.url(path), resp))
+        yield Relayed(resp.status, resp.content_type, resp.charset, _translated(upstream.shown_url + path, resp))
 
 
 async def _translated(url: str, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

@@ -3,7 +3,7 @@
 The body is read as it arrives (`iter_any`), not line by line: each read's complete events become
 one batch, so the proxy parses and writes once per network read rather than once per token. Events
 follow the SSE rules: `data:` lines up to a blank line form one event (several `data:` lines are
-joined with newlines), comments and other fields are skipped, and the stream ends at `data: [DONE]`.
+joined into one line), comments and other fields are skipped, and the stream ends at `data: [DONE]`.
 An event with an `error` member is the server's own error report (llama.cpp sends one when decoding
 fails mid-stream). Each chunk keeps its event's JSON bytes (`raw`). Only what the record and the
 answer's end need is parsed: the first event, and any event with a finish reason, usage or error;
@@ -71,11 +71,16 @@ class EventSplitter:
 
 
 def _event_data(part: bytes) -> bytes | None:
-    """The data of one event's lines (several `data:` lines joined by newlines), None if it has none."""
+    """The data of one event's lines, None if it has none.
+
+    SSE joins several `data:` lines with newlines; here they are joined with a space, which is the
+    same JSON (a newline is only whitespace there: no JSON string holds a raw one) and keeps the
+    event one line when it is passed on as it came.
+    """
     data = [line[6:] if line[5:6] == b" " else line[5:] for line in part.split(b"\n") if line.startswith(b"data:")]
     if not data:
         return None
-    return data[0] if len(data) == 1 else b"\n".join(data)
+    return data[0] if len(data) == 1 else b" ".join(data)
 
 
 async def read_sse(body: AsyncIterable[bytes]) -> AsyncIterator[list[Chunk]]:

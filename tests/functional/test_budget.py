@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -82,3 +83,16 @@ async def test_template_none_sends_the_suffix_as_a_field(make_proxy: ProxyFactor
     await proxy.post("/v1/completions", json={"prompt": "x = ", "suffix": "\nprint(x)\n", "stop": "\n\n"})
     payload = fake.payloads[0]
     assert (payload["prompt"], payload["suffix"], payload["stop"]) == ("x = ", "\nprint(x)\n", "\n\n")
+
+
+async def test_other_files_are_trimmed_by_the_chars_estimate_too(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
+    """204 KB of `input_extra` against a 2,048-token budget: what goes upstream fits it, recorded as truncated."""
+    fake, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url, debounce_ms=0, tokenizer="chars", max_context_tokens=2048, max_tokens=64)
+    extra = [{"filename": f"f{i}.py", "text": "x = 1\n" * 3400} for i in range(10)]
+    resp = await proxy.post("/infill", json={"input_prefix": "def f(", "input_suffix": ")", "input_extra": extra})
+    assert resp.status == 200
+    sent = fake.payloads[-1]["prompt"]
+    record = proxy.app[RECORDS].last()
+    assert "def f(" in sent and len(sent) < 4 * (2048 - 64) and record.truncated
+    assert record.prompt_tokens_after is not None and record.prompt_tokens_after <= 2048 - 64

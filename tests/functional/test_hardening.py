@@ -1,0 +1,182 @@
+"""Defects a black-box fault campaign found, each kept fixed by a test: bytes that are not UTF-8 in
+headers, deeply nested pass-through fields, `Host` and token checks, credentials in the upstream
+URL, upstream error texts that quote source, and requests on the wire at SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from bench.fake_upstream import FakeUpstream
+from proxy.config import Settings
+from proxy.http import RECORDS, TELEMETRY
+from proxy.http.server import serve, serve_app
+from tests.conftest import ProxyFactory
+from tests.functional.test_error_shapes import SHAPES, ollama_shape, openai_shape
+
+
+async def raw_request(port: int, head: bytes, body: bytes) -> tuple[int, bytes]:
+    """One HTTP/1.1 request written byte for byte (a client library would refuse these headers)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    status = int(answer.split(b" ", 2)[1])
+    return status, answer.partition(b"\r\n\r\n")[2]
+
+
+async def test_header_bytes_that_are_not_utf8_are_served_logged_and_shown(
+    make_proxy: ProxyFactory, fake_upstream: Any, tmp_path: Path
+) -> None:
+    _, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url, tokenizer="chars", log=tmp_path / "log.jsonl")
+    body = orjson.dumps({"prompt": "def f(", "suffix": ")"})
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"X-Session-Id: ed\xff\xfeitor\r\nX-File-Path: src/caf\xe9.py\r\n"
+    )
+    status, answer = await raw_request(proxy.server.port, head, body)  # type: ignore[arg-type]
+    assert status == 200 and orjson.loads(answer)["choices"][0]["text"]
+    sink = proxy.app[TELEMETRY].log
+    await sink.flushed()
+    line = orjson.loads(sink.path.read_bytes().splitlines()[-1])
+    assert line["session"] == "ed\ufffd\ufffditor" and line["outcome"] == "ok"
+    for _ in range(3):
+        assert (await proxy.get("/status")).status == 200  # the record with that session is shown too
+
+
+@pytest.mark.parametrize("depth", [65, 300, 1000])
+async def test_a_pass_through_field_nested_too_deep_is_a_400_naming_it(
+    make_proxy: ProxyFactory, fake_upstream: Any, depth: int
+) -> None:
+    """Parsing allows 1,024 levels, orjson writes 254: without the check, the request was a 500. (Ollama's
+    dialect passes no unknown field on.)"""
+    fake, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url, tokenizer="chars")
+    nested = b"[" * depth + b"1" + b"]" * depth
+    for path, start in (("/v1/completions", b'{"prompt": "x"'), ("/infill", b'{"input_prefix": "x"')):
+        resp = await proxy.post(path, data=start + b', "logit_bias": ' + nested + b"}")
+        error = await resp.json()
+        assert resp.status == 400 and SHAPES[path](error, 400), (path, error)
+        assert "logit_bias" in str(error)
+    assert fake.payloads == []
+    ok = {"prompt": "x", "logit_bias": [[[1]]]}
+    assert (await proxy.post("/v1/completions", json=ok)).status == 200
+
+
+async def test_status_and_metrics_answer_only_this_machines_names(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
+    _, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url, tokenizer="chars")
+    for path in ("/status", "/metrics"):
+        refused = await proxy.get(path, headers={"Host": "attacker.example:8011"})
+        assert refused.status == 403 and openai_shape(await refused.json(), 403)
+        for host in ("localhost:8011", "127.0.0.1:8011", "[::1]:8011"):
+            assert (await proxy.get(path, headers={"Host": host})).status == 200, (path, host)
+    completion = await proxy.post("/v1/completions", json={"prompt": "x"}, headers={"Host": "attacker.example"})
+    assert completion.status == 200  # plugins' own requests are not state reads
+
+
+async def test_an_auth_token_is_required_on_every_endpoint(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
+    fake, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url, tokenizer="chars", auth_token="s3cret-token")
+    wrong = {"Authorization": "Bearer not-the-token"}
+    for headers in ({}, wrong):
+        resp = await proxy.post("/api/generate", json={"prompt": "x", "model": "m"}, headers=headers)
+        assert resp.status == 401 and ollama_shape(await resp.json(), 401)
+        assert proxy.app[RECORDS].last().outcome == "bad_request"
+        for path in ("/health", "/status", "/metrics", "/v1/models"):
+            assert (await proxy.get(path, headers=headers)).status == 401, path
+    assert fake.payloads == []
+    good = {"Authorization": "Bearer s3cret-token"}
+    assert (await proxy.post("/v1/completions", json={"prompt": "x"}, headers=good)).status == 200
+    shown = await (await proxy.get("/status", headers=good)).text()
+    assert "s3cret-token" not in shown
+
+
+async def test_credentials_in_the_upstream_url_are_never_shown(
+    make_proxy: ProxyFactory, fake_upstream: Any, unused_tcp_port: int
+) -> None:
+    _, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url.replace("http://", "http://user:pa55word@"), tokenizer="chars")
+    for path in ("/status", "/health"):
+        text = await (await proxy.get(path)).text()
+        assert "pa55word" not in text and "***@" in text, path
+    dead = await make_proxy(upstream=f"http://user:pa55word@127.0.0.1:{unused_tcp_port}", tokenizer="chars")
+    resp = await dead.post("/v1/completions", json={"prompt": "x"})
+    assert resp.status == 502 and "pa55word" not in await resp.text()
+
+
+async def test_an_upstream_error_quoting_source_is_cut_and_kept_off_the_log(
+    make_proxy: ProxyFactory, aiohttp_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "def private_algorithm():  # SOURCE " * 200
+
+    async def quoting(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": f"cannot tokenize: {secret}", "type": "x"}}, status=400)
+
+    app = web.Application()
+    for path in ("/v1/completions", "/tokenize"):
+        app.router.add_post(path, quoting)
+    upstream = await aiohttp_server(app)
+    with caplog.at_level(logging.DEBUG, "mellum_proxy"):
+        proxy = await make_proxy(upstream=str(upstream.make_url("")), tokenizer="upstream")
+        resp = await proxy.post("/v1/completions", json={"prompt": secret})
+        message = (await resp.json())["error"]["message"]
+    assert resp.status == 400 and len(message) <= 303
+    assert "SOURCE" not in caplog.text  # the tokenizer's failure is logged by its type, not its words
+
+
+async def test_serve_warns_when_listening_beyond_loopback(
+    fake_upstream: Any, unused_tcp_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, url = await fake_upstream()
+    stop = asyncio.Event()
+    stop.set()  # serve binds, prints, and shuts down
+    await serve(Settings(upstream=url, listen=f"0.0.0.0:{unused_tcp_port}", tokenizer="chars"), stop)
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "--auth-token" in err
+
+
+async def test_requests_on_the_wire_at_sigterm_are_answered_and_logged(unused_tcp_port: int, tmp_path: Path) -> None:
+    fake = FakeUpstream(tokens=3)
+    async with serve_app(fake.app()) as url:
+        log = tmp_path / "log.jsonl"
+        settings = Settings(upstream=url, listen=f"127.0.0.1:{unused_tcp_port}", tokenizer="chars", log=log)
+        stop = asyncio.Event()
+        server = asyncio.create_task(serve(settings, stop))
+        try:
+            for _ in range(200):  # the server task needs a moment to bind; connecting is the signal
+                with contextlib.suppress(ConnectionRefusedError):
+                    _, probe = await asyncio.open_connection("127.0.0.1", unused_tcp_port)
+                    probe.close()
+                    break
+                await asyncio.sleep(0.02)
+            body = orjson.dumps({"prompt": "def f("})
+            head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            # Connected and sent without yielding to the loop: the proxy has not even accepted the
+            # connection when the signal comes (what a loaded proxy sees of a request sent just before).
+            client = socket.create_connection(("127.0.0.1", unused_tcp_port))
+            client.sendall(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+            stop.set()
+            client.setblocking(False)
+            answer = b""
+            async with asyncio.timeout(30):  # a cut-off request would hang here, not fail
+                while chunk := await asyncio.get_running_loop().sock_recv(client, 65536):
+                    answer += chunk
+            client.close()
+            await server
+        finally:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await server
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert [orjson.loads(line)["outcome"] for line in log.read_bytes().splitlines()] == ["ok"]
