@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import tempfile
@@ -26,6 +25,7 @@ import orjson
 from bench.corpus import code_texts, train_bpe
 from proxy.budget import BUILTIN, BudgetSettings, CharsEstimator, ContextBudget, HfTokenizer, UpstreamTokenizer
 from proxy.budget.tokenizers import TokenCounter
+from proxy.console import POSITIVE, Parser, whole
 from proxy.models import NormalizedRequest
 from proxy.upstream import UpstreamClient
 from proxy.upstream.embedded import EmbeddedServer
@@ -122,10 +122,10 @@ def render(report: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/reports"))
-    parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--keystrokes", type=int, default=300)
-    parser.add_argument("--context-tokens", type=int, default=1024, help="budget for the cache-reuse run")
+    parser.add_argument("--runs", type=POSITIVE, default=30)
+    parser.add_argument("--keystrokes", type=POSITIVE, default=300)
+    parser.add_argument("--context-tokens", type=whole(64), default=1024, help="budget for the cache-reuse run")
     args = parser.parse_args()
     print(render(asyncio.run(main(args.out, args.runs, args.keystrokes, args.context_tokens))))

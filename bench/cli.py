@@ -16,7 +16,7 @@ import aiohttp
 
 from bench.trace import Event, Trace, TraceError, limited, read_trace, write_trace
 from proxy.config import upstream_base_url
-from proxy.console import Parser, fail
+from proxy.console import INDEX, POSITIVE, SHARE, Parser, fail, real
 
 
 def load_trace(path: Path) -> Trace:
@@ -38,10 +38,10 @@ def build_parser() -> Parser:
         "--policy", action="append", required=True, help="NAME[:key=value,...]; 'direct' is the baseline"
     )
     replay.add_argument("--out", type=Path, required=True)
-    replay.add_argument("--limit-events", type=int, help="stop after this many edits")
-    replay.add_argument("--pause-ms", type=float, default=300, help="a gap this long is a pause [default: 300]")
-    replay.add_argument("--max-gap-ms", type=float, default=2000, help="shorten longer gaps to this [default: 2000]")
-    replay.add_argument("--max-tokens", type=int, default=64, help="what the plugin asks for [default: 64]")
+    replay.add_argument("--limit-events", type=POSITIVE, help="stop after this many edits")
+    replay.add_argument("--pause-ms", type=real(0), default=300, help="a gap this long is a pause [default: 300]")
+    replay.add_argument("--max-gap-ms", type=real(0), default=2000, help="shorten longer gaps to this [default: 2000]")
+    replay.add_argument("--max-tokens", type=POSITIVE, default=64, help="what the plugin asks for [default: 64]")
 
     convert = sub.add_parser("convert", help="josephg editing-traces, ProgSnap2 CSV or a proxy recording -> trace")
     convert.add_argument("source", type=Path)
@@ -60,12 +60,14 @@ def build_parser() -> Parser:
     )
     ladder.add_argument("--contexts", default="short,mid,long", help="prompt tokens, or short,mid,long [default]")
     ladder.add_argument("--concurrency", default="1,2,4", help="requests at once [default: 1,2,4]")
-    ladder.add_argument("--repeat", type=int, default=5, help="requests per cell [default: 5]")
-    ladder.add_argument("--max-tokens", type=int, default=64)
+    ladder.add_argument("--repeat", type=POSITIVE, default=5, help="requests per cell [default: 5]")
+    ladder.add_argument("--max-tokens", type=POSITIVE, default=64)
     ladder.add_argument("--code", type=Path, help="the code snippet [default: the shipped bench/code corpus]")
-    ladder.add_argument("--context-limit", type=int, help="the server's context per request [default: from /props]")
-    ladder.add_argument("--gpu", type=int, default=0)
-    ladder.add_argument("--upstream-pid", type=int, help="server PID, for its host memory")
+    ladder.add_argument(
+        "--context-limit", type=POSITIVE, help="the server's context per request [default: from /props]"
+    )
+    ladder.add_argument("--gpu", type=INDEX, default=0)
+    ladder.add_argument("--upstream-pid", type=POSITIVE, help="server PID, for its host memory")
     ladder.add_argument("--out", type=Path, default=Path("bench/out/ladder"))
 
     quality = sub.add_parser("quality", help="HumanEval single-line infilling acceptance set")
@@ -73,7 +75,7 @@ def build_parser() -> Parser:
     quality.add_argument("--via-proxy", action="store_true")
     quality.add_argument("--proxy-setting", action="append", default=[], metavar="KEY=VALUE")
     quality.add_argument("--template", default="mellum", help="FIM template [default: mellum]")
-    quality.add_argument("--limit", type=int, help="the first N tasks")
+    quality.add_argument("--limit", type=POSITIVE, help="the first N tasks")
     quality.add_argument("--execute", action="store_true", help="run the problems' tests (not a sandbox!)")
     quality.add_argument(
         "--compare", nargs=2, type=Path, metavar=("A.json", "B.json"), help="what got worse from A to B"
@@ -90,33 +92,33 @@ def build_parser() -> Parser:
     merged.add_argument("--only", help="comma-separated policy names to keep [default: all]")
 
     overhead = sub.add_parser("overhead", help="what the proxy adds per request: direct, a bare relay, the proxy")
-    overhead.add_argument("--requests", type=_positive, default=500, help="per path and round [default: 500]")
-    overhead.add_argument("--rounds", type=_positive, default=3, help="interleaved rounds [default: 3]")
-    overhead.add_argument("--tokens", type=_positive, default=16, help="streamed tokens per request [default: 16]")
+    overhead.add_argument("--requests", type=POSITIVE, default=500, help="per path and round [default: 500]")
+    overhead.add_argument("--rounds", type=POSITIVE, default=3, help="interleaved rounds [default: 3]")
+    overhead.add_argument("--tokens", type=POSITIVE, default=16, help="streamed tokens per request [default: 16]")
     overhead.add_argument("--out", type=Path, default=Path("bench/out/overhead"))
 
     budget = sub.add_parser("budget", help="the exact budget per keystroke: agreement, pre-upstream time, /tokenize")
-    budget.add_argument("--keystrokes", type=_positive, default=40, help="typed per file size [default: 40]")
-    budget.add_argument("--replay", type=_positive, default=300, help="keystrokes replayed [default: 300]")
+    budget.add_argument("--keystrokes", type=POSITIVE, default=40, help="typed per file size [default: 40]")
+    budget.add_argument("--replay", type=POSITIVE, default=300, help="keystrokes replayed [default: 300]")
     budget.add_argument("--out", type=Path, default=Path("bench/out/budget"))
     memory = sub.add_parser("memory", help="the proxy's resident memory, idle and over many requests")
-    memory.add_argument("--requests", type=_positive, default=100_000, help="streaming requests [default: 100000]")
-    memory.add_argument("--clients", type=_positive, default=8, help="concurrent clients [default: 8]")
+    memory.add_argument("--requests", type=POSITIVE, default=100_000, help="streaming requests [default: 100000]")
+    memory.add_argument("--clients", type=POSITIVE, default=8, help="concurrent clients [default: 8]")
     memory.add_argument("--gguf", type=Path, help="also run with this GGUF's vocabulary as the tokenizer")
     memory.add_argument("--out", type=Path, default=Path("bench/out/memory"))
     synth = sub.add_parser("synth", help="a seeded synthetic trace typing a source file")
     synth.add_argument("source", type=Path)
     synth.add_argument("--out", type=Path, required=True)
-    synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--limit-chars", type=_positive)
+    synth.add_argument("--seed", type=INDEX, default=0)
+    synth.add_argument("--limit-chars", type=POSITIVE)
     synth.add_argument("--typist", choices=["slow", "medium", "fast"], default="medium",
                        help="median gap between keys: 550, 200 or 120 ms [default: medium]")  # fmt: skip
 
     calibrate = sub.add_parser("calibrate", help="one trace on the real embedded server and on the lab's simulator")
     calibrate.add_argument("trace", type=Path)
-    calibrate.add_argument("--limit-events", type=_positive, default=300, help="edits [default: 300]")
-    calibrate.add_argument("--max-tokens", type=_positive, default=16, help="what the plugin asks for [default: 16]")
-    calibrate.add_argument("--accuracy", type=_share, default=0.0,
+    calibrate.add_argument("--limit-events", type=POSITIVE, default=300, help="edits [default: 300]")
+    calibrate.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
+    calibrate.add_argument("--accuracy", type=SHARE, default=0.0,
                            help="the simulated model's (gemma is not a FIM model) [default: 0]")  # fmt: skip
     calibrate.add_argument("--out", type=Path, default=Path("bench/out/calibration"))
 
@@ -126,32 +128,12 @@ def build_parser() -> Parser:
     lab.add_argument("--profile", action="append", help="sim profile(s) [default: embedded-cpu and gpu]")
     lab.add_argument("--policy", action="append", help="NAME[:key=value,...] [default: direct and defaults]")
     lab.add_argument("--grid", action="store_true", help="also search the adaptive-dispatch settings")
-    lab.add_argument("--accuracy", type=_share, default=0.3,
+    lab.add_argument("--accuracy", type=SHARE, default=0.3,
                      help="share of completions that are what the person typed next [default: 0.3]")  # fmt: skip
-    lab.add_argument("--limit-events", type=_positive, default=1500, help="edits per trace [default: 1500]")
-    lab.add_argument("--max-tokens", type=_positive, default=16, help="what the plugin asks for [default: 16]")
+    lab.add_argument("--limit-events", type=POSITIVE, default=1500, help="edits per trace [default: 1500]")
+    lab.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
     lab.add_argument("--out", type=Path, default=Path("bench/out/lab"))
     return bench
-
-
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got '{text}'") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {value:g}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _write(out: Path, name: str, result: dict[str, Any], render: Any) -> None:

@@ -16,7 +16,7 @@ import orjson
 
 from proxy import __version__
 from proxy.config import Settings, SettingsError, load_settings
-from proxy.console import Parser, fail
+from proxy.console import INDEX, POSITIVE, Parser, fail, real
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -55,16 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--by", choices=["outcome", "session", "dialect"], help="one row per group")
 
     probe = commands.add_parser("probe", help="print GPU memory over time (NVML), like nvidia-smi -l")
-    probe.add_argument("--interval-ms", type=int, default=1000, help="time between readings [default: 1000]")
-    probe.add_argument("--gpu", type=int, default=0, help="NVML device index [default: 0]")
+    probe.add_argument("--interval-ms", type=POSITIVE, default=1000, help="time between readings [default: 1000]")
+    probe.add_argument("--gpu", type=INDEX, default=0, help="NVML device index [default: 0]")
     probe.add_argument("--out", type=Path, help="also write the CSV to this file")
-    probe.add_argument("--count", type=int, help="stop after this many readings [default: until Ctrl-C]")
+    probe.add_argument("--count", type=POSITIVE, help="stop after this many readings [default: until Ctrl-C]")
 
     base = commands.add_parser("baseline", help="the four memory readings: before start, loaded, idle, first request")
     base.add_argument("--upstream", required=True, help="server base URL, or 'embedded' to start one and watch it")
-    base.add_argument("--idle-s", type=float, default=30.0, help="idle wait before the first request [default: 30]")
-    base.add_argument("--gpu", type=int, default=0, help="NVML device index [default: 0]")
-    base.add_argument("--upstream-pid", type=int, help="server PID, for its own memory readings")
+    base.add_argument("--idle-s", type=real(0), default=30.0, help="idle wait before the first request [default: 30]")
+    base.add_argument("--gpu", type=INDEX, default=0, help="NVML device index [default: 0]")
+    base.add_argument("--upstream-pid", type=POSITIVE, help="server PID, for its own memory readings")
     base.add_argument("--model", type=Path, help="GGUF for --upstream embedded [default: packaged gemma-3-270m]")
     base.add_argument("--out", type=Path, default=Path("baseline.json"), help="JSON output [default: baseline.json]")
 

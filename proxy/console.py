@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 
@@ -18,3 +20,43 @@ def fail(message: str) -> NoReturn:
     """Stop the command: `mellum-proxy: message` on stderr, exit code 2."""
     print(f"mellum-proxy: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def whole(minimum: int = 1) -> Callable[[str], int]:
+    """An argparse `type`: a whole number of at least `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def real(minimum: float = 0.0, maximum: float = math.inf, above: bool = False) -> Callable[[str], float]:
+    """An argparse `type`: a finite number from `minimum` (excluded when `above`) to `maximum`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+        low_ok = value > minimum if above else value >= minimum
+        if not math.isfinite(value) or not low_ok or value > maximum:
+            low = f"above {minimum:g}" if above else f"at least {minimum:g}"
+            high = f" and at most {maximum:g}" if math.isfinite(maximum) else ""
+            raise argparse.ArgumentTypeError(f"must be {low}{high}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+POSITIVE = whole(1)
+INDEX = whole(0)  # a device index, a seed
+SHARE = real(0.0, 1.0)

@@ -63,3 +63,46 @@ def test_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("mellum-proxy: ")
+
+
+def numeric_flags() -> list[tuple[list[str], str]]:
+    """(the command's words, flag) for every option of every command that takes a number."""
+    import argparse
+
+    from bench.cli import build_parser as bench_parser
+    from proxy.cli import build_parser
+
+    found: list[tuple[list[str], str]] = []
+
+    def walk(parser: argparse.ArgumentParser, words: list[str]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    walk(child, [*words, name])
+            elif action.option_strings and action.type is not None:
+                assert action.type not in (int, float), f"{words} {action.option_strings}: unchecked int/float"
+                if getattr(action.type, "__name__", "") in ("whole number", "number", "_ints"):
+                    found.append((words, action.option_strings[0]))
+
+    walk(build_parser(), [])
+    walk(bench_parser(), ["bench"])
+    return found
+
+
+FLAGS = numeric_flags()
+
+
+def test_every_numeric_flag_is_checked() -> None:
+    assert len(FLAGS) >= 30 and (["sweep"], "--gpu-gib") in FLAGS
+
+
+@pytest.mark.parametrize("words,flag", FLAGS, ids=[" ".join([*w, f]) for w, f in FLAGS])
+@pytest.mark.parametrize("value", ["-3", "nan", "ten"])
+def test_every_numeric_flag_rejects_impossible_values(
+    words: list[str], flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([*words, flag, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err, err

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from proxy.console import fail
+from proxy.console import POSITIVE, fail, real
 from proxy.planner.defaults import choose
 from proxy.planner.doctor import diagnose, read_probe
 from proxy.planner.inspect import InspectError, ModelInfo, bundled_shape, inspect_path, render, report
@@ -36,19 +36,24 @@ def _ints(text: str) -> tuple[int, ...]:
 def _bpw(text: str) -> tuple[str, float]:
     name, _, bits = text.partition("=")
     try:
-        return name.strip(), float(bits)
+        value = float(bits)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected QUANT=BITS (e.g. q4=5.33), got '{text}'") from None
+    if not name.strip() or not 0 < value <= 32:
+        raise argparse.ArgumentTypeError(f"expected QUANT=BITS with BITS above 0 and at most 32, got '{text}'")
+    return name.strip(), value
 
 
 def _spec_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu-gib", type=float, required=True, help="GPU memory in GiB")
-    parser.add_argument("--margin", type=float, default=0.25, help="headroom to keep [default: 0.25]")
-    parser.add_argument("--target-util", type=float, default=0.85, help="utilization ceiling [default: 0.85]")
+    parser.add_argument("--gpu-gib", type=real(0, above=True), required=True, help="GPU memory in GiB")
+    parser.add_argument("--margin", type=real(0, 0.9), default=0.25, help="headroom to keep [default: 0.25]")
+    parser.add_argument(
+        "--target-util", type=real(0, 1, above=True), default=0.85, help="utilization ceiling [default: 0.85]"
+    )
     parser.add_argument("--kv-dtype", choices=sorted(KV_BYTES), default="f16", help="KV cache type [default: f16]")
     parser.add_argument("--backend", choices=BACKENDS, default="vllm", help="serving engine [default: vllm]")
     parser.add_argument(
-        "--overhead-gib", type=float, help="runtime overhead beyond weights and KV [default: per backend]"
+        "--overhead-gib", type=real(0), help="runtime overhead beyond weights and KV [default: per backend]"
     )
     parser.add_argument(
         "--bpw", type=_bpw, action="append", default=[], help="bits per weight of a quant, e.g. q4=5.33"
@@ -63,13 +68,13 @@ def add_commands(commands: Any) -> None:
     sweep_p = commands.add_parser("sweep", help="weights + KV + overhead over quantization x context x batch")
     source = sweep_p.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", type=Path, help="model directory or .gguf")
-    source.add_argument("--total-b", type=float, help="total parameters in billions (no model at hand)")
-    sweep_p.add_argument("--active-b", type=float, help="active parameters in billions (MoE; speed only)")
+    source.add_argument("--total-b", type=real(0, above=True), help="total parameters in billions (no model at hand)")
+    sweep_p.add_argument("--active-b", type=real(0, above=True), help="active parameters in billions (MoE; speed only)")
     sweep_p.add_argument("--arch", help="shape for --total-b: mellum-4b, mellum2.1 [default: assumed Llama-like]")
     sweep_p.add_argument("--quants", default="q4,q5,q8", help="[default: q4,q5,q8]")
     sweep_p.add_argument("--contexts", type=_ints, default=(2048, 4096, 8192, 16384, 32768))
     sweep_p.add_argument("--batches", type=_ints, default=(1, 2, 4))
-    sweep_p.add_argument("--context", type=int, help="the business context [default: the largest of --contexts]")
+    sweep_p.add_argument("--context", type=POSITIVE, help="the business context [default: the largest of --contexts]")
     sweep_p.add_argument("--csv", type=Path, help="also write every cell to this CSV")
     sweep_p.add_argument("--json", action="store_true")
     _spec_options(sweep_p)
@@ -81,9 +86,9 @@ def add_commands(commands: Any) -> None:
 
     defaults = commands.add_parser("defaults", help="write defaults.env and print proxy and server settings")
     defaults.add_argument("--model", type=Path, required=True)
-    defaults.add_argument("--context", type=int, required=True, help="the context the work needs")
-    defaults.add_argument("--stress-context", type=int, help="[default: twice --context, within the model's]")
-    defaults.add_argument("--batch", type=int, help="concurrent sequences [default: the largest that stays OK]")
+    defaults.add_argument("--context", type=POSITIVE, required=True, help="the context the work needs")
+    defaults.add_argument("--stress-context", type=POSITIVE, help="[default: twice --context, within the model's]")
+    defaults.add_argument("--batch", type=POSITIVE, help="concurrent sequences [default: the largest that stays OK]")
     defaults.add_argument("--out", type=Path, default=Path("defaults.env"))
     _spec_options(defaults)
 
