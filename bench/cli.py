@@ -106,6 +106,11 @@ def build_parser() -> Parser:
     memory.add_argument("--clients", type=POSITIVE, default=8, help="concurrent clients [default: 8]")
     memory.add_argument("--gguf", type=Path, help="also run with this GGUF's vocabulary as the tokenizer")
     memory.add_argument("--out", type=Path, default=Path("bench/out/memory"))
+    soak = sub.add_parser("soak", help="many mixed requests with upstream faults: RSS, fds, tasks, log completeness")
+    soak.add_argument("--requests", type=POSITIVE, default=100_000, help="requests in all [default: 100000]")
+    soak.add_argument("--clients", type=POSITIVE, default=8, help="concurrent editors [default: 8]")
+    soak.add_argument("--seed", type=INDEX, default=0, help="of the request mix [default: 0]")
+    soak.add_argument("--out", type=Path, default=Path("bench/out/soak"))
     synth = sub.add_parser("synth", help="a seeded synthetic trace typing a source file")
     synth.add_argument("source", type=Path)
     synth.add_argument("--out", type=Path, required=True)
@@ -163,6 +168,15 @@ def _budget(args: argparse.Namespace) -> None:
            hot_budget.render)  # fmt: skip
 
 
+def _soak(args: argparse.Namespace) -> None:
+    from bench import soak
+
+    result = asyncio.run(soak.measure(args.requests, args.clients, args.seed, progress=print))
+    _write(args.out, "soak", result, soak.render)
+    if result["answered_not_logged"] or "500" in result["statuses"]:
+        fail("soak: an answer was a 500 or went unlogged (see the report)")
+
+
 def _memory(args: argparse.Namespace) -> None:
     from bench import memory
 
@@ -208,7 +222,7 @@ def main(argv: list[str]) -> None:
 def run(args: argparse.Namespace) -> None:
     handlers = {"replay": _replay, "convert": _convert, "synth": _synth, "ladder": _ladder, "quality": _quality,
                 "report": _report, "overhead": _overhead, "budget": _budget,
-                "memory": _memory, "lab": _lab, "calibrate": _calibrate}  # fmt: skip
+                "memory": _memory, "soak": _soak, "lab": _lab, "calibrate": _calibrate}  # fmt: skip
     handlers[args.bench_command](args)
 
 

@@ -93,9 +93,12 @@ class FaultUpstream:
         self.active += 1
         try:
             return await self._answer(request, fault)
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             self.disconnects += 1
             raise
+        except ConnectionResetError:  # the proxy dropped the request (its client went away): expected
+            self.disconnects += 1
+            return web.Response(status=499)
         finally:
             self.active -= 1
 

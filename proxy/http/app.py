@@ -10,7 +10,7 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.http import lifecycle
-from proxy.http.guard import guard_middleware
+from proxy.http.guard import token_middleware
 from proxy.http.keys import RECORDS, SETTINGS
 from proxy.http.middleware import error_middleware, request_id
 from proxy.http.routes import add_routes
@@ -19,7 +19,9 @@ from proxy.telemetry import RecentRecords
 
 def build_app(settings: Settings) -> web.Application:
     """The proxy's app: start it with `proxy.http.serve_app` or a test client."""
-    middlewares = [error_middleware, guard_middleware(settings)]  # the guard's refusals are rendered by the first
+    middlewares = [error_middleware]
+    if settings.auth_token:
+        middlewares.append(token_middleware(settings.auth_token))  # its refusals are rendered by the first
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[RECORDS] = RecentRecords()

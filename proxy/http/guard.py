@@ -18,24 +18,29 @@ from aiohttp import web
 from proxy.config import Settings
 from proxy.errors import ForbiddenError, UnauthorizedError
 
-STATE_PATHS = frozenset({"/status", "/metrics"})
 
-
-def guard_middleware(settings: Settings) -> web.Middleware:
-    expected = f"Bearer {settings.auth_token}".encode() if settings.auth_token else None
-    listen_host = settings.listen_host.lower()
+def token_middleware(token: str) -> web.Middleware:
+    """Every request must carry `Authorization: Bearer TOKEN` (only installed when a token is set)."""
+    expected = f"Bearer {token}".encode()
 
     @web.middleware
-    async def guard(request: web.Request, handler: web.Handler) -> web.StreamResponse:
-        if expected is not None:
-            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-            if not hmac.compare_digest(given, expected):
-                raise UnauthorizedError("this proxy requires 'Authorization: Bearer <its --auth-token>'")
-        if request.path in STATE_PATHS and not host_allowed(request.headers.get("Host"), listen_host):
-            raise ForbiddenError(f"{request.path} answers only requests addressed to this machine (Host)")
+    async def require_token(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, expected):
+            raise UnauthorizedError("this proxy requires 'Authorization: Bearer <its --auth-token>'")
         return await handler(request)
 
-    return guard
+    return require_token
+
+
+def check_host(request: web.Request, settings: Settings) -> None:
+    """Refuse a state read (`/status`, `/metrics`) addressed to a name that is not this machine's.
+
+    Raises:
+        ForbiddenError: the `Host` names another machine.
+    """
+    if not host_allowed(request.headers.get("Host"), settings.listen_host.lower()):
+        raise ForbiddenError(f"{request.path} answers only requests addressed to this machine (Host)")
 
 
 def host_allowed(host_header: str | None, listen_host: str) -> bool:

@@ -3,6 +3,7 @@ pass-through routes, and `/health`, `/metrics`, `/status`."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from proxy.dialects.base import CompletionRoute, DiscoveryRoute, openai_error
 from proxy.dialects.openai import DONE, sse
 from proxy.errors import InvalidRequestError, ProxyError
 from proxy.http.answer import HttpAnswer
+from proxy.http.guard import check_host
 from proxy.http.keys import POLICIES, RECORDED, RECORDS, ROUTES, SERVICE, SETTINGS, STARTED, TELEMETRY, UPSTREAM
 from proxy.http.middleware import request_id
 from proxy.telemetry import GpuSampler
@@ -129,6 +131,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    check_host(request, request.app[SETTINGS])
     telemetry = request.app[TELEMETRY]
     assert telemetry.metrics is not None
     return web.Response(body=telemetry.metrics.render(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
@@ -137,6 +140,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     """The live state: settings in force, upstream, per-session admissions, recent requests, VRAM."""
     app = request.app
+    check_host(request, app[SETTINGS])
     policies, gpu = app[POLICIES], app[TELEMETRY].gpu
     recent = list(app[RECORDS])[-20:]
     body = {
@@ -144,6 +148,7 @@ async def status(request: web.Request) -> web.Response:
         "settings": app[SETTINGS].shown(),
         "upstream": {"url": app[UPSTREAM].shown_url, "max_concurrency": policies.admission.limit},
         "inflight": policies.admission.running,
+        "tasks": len(asyncio.all_tasks()),  # for leak checks (`bench soak`)
         "queued": policies.admission.depth,
         "debouncing": policies.debouncer.held(),
         "sessions": policies.supersede.sessions(),
