@@ -128,10 +128,13 @@ class Encoder:
         last = b"" if completion.finish_reason is not None else self.frame(self.final(completion, outcome, ""))
         return last + self.end_of_stream
 
-    def failing(self, completion: Completion, error: ProxyError) -> bytes:
+    def failing(self, completion: Completion, error: ProxyError, final_sent: bool = False) -> bytes:
         """What ends a started stream that failed: the error event, then the dialect's own end (the final
-        event and the end marker), so that a client waiting for the end sees it."""
-        last = b"" if completion.finish_reason is not None else self.frame(self.final(completion, Outcome.OK, ""))
+        event unless it was sent already, and the end marker), so that a client waiting for the end sees it."""
+        try:
+            last = b"" if final_sent else self.frame(self.final(completion, Outcome.OK, ""))
+        except Exception:  # the last resort: when the final event is what failed, the stream ends without it
+            last = b""
         return self.frame(self.stream_error(error)) + last + self.end_of_stream
 
     def body(self, completion: Completion, outcome: Outcome) -> bytes:

@@ -24,6 +24,7 @@ class HttpAnswer:
         self.encoder = encoder
         self.response: web.StreamResponse | None = None
         self.error: ProxyError | None = None
+        self.final_sent = False  # whether the client has the event that ends the answer
 
     async def _start(self, outcome: Outcome | None) -> web.StreamResponse:
         if self.response is None:
@@ -40,6 +41,7 @@ class HttpAnswer:
         if self.encoder.request.stream:
             response = self.response or await self._start(None)
             await response.write(self.encoder.events(completion, chunks))
+            self.final_sent = completion.finish_reason is not None  # folded before it is sent: now it is
 
     async def finish(self, completion: Completion, outcome: Outcome) -> None:
         if not self.encoder.request.stream:
@@ -56,7 +58,7 @@ class HttpAnswer:
         if self.response is None:
             self.error = error
             return
-        await self.response.write_eof(self.encoder.failing(completion, error))
+        await self.response.write_eof(self.encoder.failing(completion, error, self.final_sent))
 
     def result(self) -> web.StreamResponse:
         """The response to return from the handler; an early error is raised for the middleware."""

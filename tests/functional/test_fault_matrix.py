@@ -77,6 +77,12 @@ def ends_in_dialect(path: str, events: list[Any]) -> bool:
     return events[-1].get("stop") is True
 
 
+def completion_text(path: str, body: dict[str, Any]) -> str:
+    if path == "/v1/completions":
+        return str(body["choices"][0]["text"])
+    return str(body["response"] if path == "/api/generate" else body["content"])
+
+
 def has_error_event(events: list[Any]) -> bool:
     return any(isinstance(event, dict) and "error" in event for event in events)
 
@@ -135,6 +141,9 @@ async def test_fault_through_every_dialect(
             assert record.outcome == want_outcome, cell
             if status >= 400:
                 assert SHAPES[path](orjson.loads(body), status), (cell, body)
+            elif want_outcome == "ok" and not stream:
+                text = completion_text(path, orjson.loads(body))
+                assert text.startswith("t0 ") and len(text) > 3, (cell, body[-300:])  # more than the first event
             elif stream:
                 events = parse_events(path, body)
                 assert ends_in_dialect(path, events), (cell, body[-300:])
@@ -168,4 +177,6 @@ async def test_fault_through_the_chat_pass_through(fault: str, make_proxy: Proxy
         assert has_error_event(events) == (fault in ("drop_after_first", "stall_after_first")), body
     else:
         assert SHAPES["/v1/completions"](orjson.loads(body), resp.status)
+    models = await proxy.get("/v1/models")  # the other forwarded route, under the same deadline
+    assert models.status == (504 if fault == "stall_before_headers" else 200)
     assert await served_next(proxy, fake)

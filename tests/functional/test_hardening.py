@@ -180,3 +180,35 @@ async def test_requests_on_the_wire_at_sigterm_are_answered_and_logged(unused_tc
                 await server
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     assert [orjson.loads(line)["outcome"] for line in log.read_bytes().splitlines()] == ["ok"]
+
+
+async def test_a_defect_after_the_first_event_ends_the_stream_and_is_recorded(
+    make_proxy: ProxyFactory, aiohttp_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception nobody expected, once the editor has its first event: the stream ends in Ollama's own
+    way (an error line, then `done: true`), never with a second HTTP response inside the body."""
+    from bench.fault_upstream import FaultUpstream
+    from proxy.dialects.ollama import OllamaEncoder
+
+    calls = {"n": 0}
+    partial = OllamaEncoder.partial
+
+    def broken(self: OllamaEncoder, completion: Any, chunk: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise RuntimeError("a defect")
+        return partial(self, completion, chunk)
+
+    monkeypatch.setattr(OllamaEncoder, "partial", broken)
+    fake = FaultUpstream()
+    upstream = await aiohttp_server(fake.app())
+    proxy = await make_proxy(upstream=str(upstream.make_url("")), tokenizer="chars")
+    fake.after_first = gate = asyncio.Event()
+    async with proxy.post("/api/generate", json={"prompt": "x", "model": "m"}) as resp:
+        first = await resp.content.readline()
+        gate.set()
+        lines = [orjson.loads(line) for line in (first + await resp.read()).splitlines()]
+    assert resp.status == 200 and lines[0]["response"] == "t0 ", lines
+    assert "error" in lines[-2] and lines[-1]["done"] is True
+    assert proxy.app[RECORDS].last().outcome == "internal_error"
+    assert "a defect" in caplog.text  # logged with its traceback
