@@ -24,6 +24,7 @@ from proxy.telemetry.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from proxy.upstream.passthrough import relay
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+GET_SILENCE_S = 5.0  # the most a forwarded GET (`/v1/models`) waits for the upstream's answer
 
 
 def add_routes(app: web.Application) -> None:
@@ -96,6 +97,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if not content_type.isascii():
         content_type = "application/json"
     silence_s = request.app[SETTINGS].passthrough_timeout_ms / 1000
+    if request.method == "GET":  # a model list is one small read: a server silent this long is stalled
+        silence_s = min(silence_s or GET_SILENCE_S, GET_SILENCE_S)
     async with relay(request.app[UPSTREAM], request.method, request.path, body, content_type, silence_s) as answer:
         if answer.content_type != "text/event-stream":
             whole = b"".join([data async for data in answer.body])
