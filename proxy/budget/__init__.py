@@ -3,7 +3,14 @@
 from proxy.budget.comments import cursor_in_comment_or_string
 from proxy.budget.context import BudgetSettings, ContextBudget
 from proxy.budget.templates import BUILTIN, FimParts, FimTemplate, parse_any, template_for
-from proxy.budget.tokenizers import CharsEstimator, HfTokenizer, TokenCounter, Tokenize, UpstreamTokenizer
+from proxy.budget.tokenizers import (
+    CharsEstimator,
+    HfTokenizer,
+    NoPiecesError,
+    TokenCounter,
+    Tokenize,
+    UpstreamTokenizer,
+)
 
 __all__ = [
     "BUILTIN",
@@ -13,6 +20,7 @@ __all__ = [
     "FimParts",
     "FimTemplate",
     "HfTokenizer",
+    "NoPiecesError",
     "TokenCounter",
     "Tokenize",
     "UpstreamTokenizer",

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 from proxy.budget.templates import FimParts, FimTemplate, parse_any
-from proxy.budget.tokenizers import CharsEstimator, TokenCounter
+from proxy.budget.tokenizers import CharsEstimator, NoPiecesError, TokenCounter
 from proxy.errors import UpstreamError
 from proxy.models import BudgetedPrompt, NormalizedRequest
 
@@ -118,6 +118,10 @@ class ContextBudget:
     async def apply(self, request: NormalizedRequest) -> BudgetedPrompt:
         """Fit `request` into the budget. An upstream tokenizer that fails falls back to `chars`."""
         try:
+            return await self._apply(request, self.counter, self.lines)
+        except NoPiecesError as exc:
+            log.warning("tokenizer %s: %s; estimating from characters from now on", self.counter.method, exc)
+            self.use(self._fallback)  # for good: asking again would fail the same way on every keystroke
             return await self._apply(request, self.counter, self.lines)
         except UpstreamError as exc:
             # the upstream's message is not logged: a tokenizer's error may quote the text it was sent

@@ -15,13 +15,21 @@ budget the token count of each of its lines.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol
 
-from proxy.errors import UpstreamProtocolError
+from proxy.errors import UpstreamError, UpstreamProtocolError
+
+log = logging.getLogger("mellum_proxy")
+
+
+class NoPiecesError(UpstreamProtocolError):
+    """The server's `/tokenize` counts, but cannot say where its tokens start (vLLM, older llama.cpp):
+    the budget cannot cut by it, and counts with another method instead."""
 
 
 class Tokenize(Protocol):
@@ -96,9 +104,12 @@ class UpstreamTokenizer:
         self._added: int | None = None  # tokens the server adds to a prompt (BOS), asked once
 
     async def offsets(self, text: str) -> list[int]:
+        """Raises `NoPiecesError` when the server gives ids without their text (`with_pieces` unsupported)."""
         body = await self.server.tokenize({"content": text, "with_pieces": True})
         pieces = [token.get("piece") for token in _tokens(body)]
-        return _char_offsets(text, [len(p.encode()) if isinstance(p, str) else len(p or []) for p in pieces])
+        if not all(isinstance(piece, str | list) for piece in pieces):
+            raise NoPiecesError("upstream /tokenize answers token ids without their pieces (no `with_pieces`)")
+        return _char_offsets(text, [len(p.encode()) if isinstance(p, str) else len(p) for p in pieces])
 
     async def count(self, prompt: str) -> int:
         body = await self.server.tokenize({"content": prompt, "add_special": True})
@@ -112,6 +123,21 @@ class UpstreamTokenizer:
 
     def observe(self, prompt: str, prompt_tokens: int) -> None:
         return None
+
+
+async def upstream_tokenizer_usable(tokenizer: UpstreamTokenizer) -> bool:
+    """Whether the server's `/tokenize` can cut prompts (it answers, and with pieces); says once why not.
+
+    Raises nothing: a server without `/tokenize` is simply not usable for it.
+    """
+    try:
+        await tokenizer.offsets("def f(x):\n")
+    except NoPiecesError as exc:
+        log.info("tokenizer: %s; estimating from characters instead", exc)
+        return False
+    except UpstreamError:
+        return False
+    return True
 
 
 def _tokens(body: Any) -> list[Any]:

@@ -18,10 +18,10 @@ from aiohttp import web
 from proxy.budget import BudgetSettings, CharsEstimator, ContextBudget, TokenCounter, UpstreamTokenizer, template_for
 from proxy.budget.gguf_vocab import UnsupportedVocabulary
 from proxy.budget.local import load_local
+from proxy.budget.tokenizers import upstream_tokenizer_usable
 from proxy.clock import LOOP_CLOCK, Clock
 from proxy.completion import CompletionService, Policies
 from proxy.config import Settings
-from proxy.errors import UpstreamError
 from proxy.http.keys import (
     EMBEDDED,
     GPU_OPENER,
@@ -173,8 +173,4 @@ async def build_counter(settings: Settings, upstream: UpstreamClient) -> TokenCo
         except UnsupportedVocabulary as exc:
             raise ValueError(str(exc)) from exc
     tokenizer = UpstreamTokenizer(upstream)
-    try:
-        await tokenizer.count("x")
-    except UpstreamError:
-        return CharsEstimator()
-    return tokenizer
+    return tokenizer if await upstream_tokenizer_usable(tokenizer) else CharsEstimator()

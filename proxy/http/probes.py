@@ -16,9 +16,9 @@ from pathlib import Path
 
 from proxy.budget import CharsEstimator, ContextBudget, UpstreamTokenizer
 from proxy.budget.local import find_local
+from proxy.budget.tokenizers import upstream_tokenizer_usable
 from proxy.completion import Policies
 from proxy.config import Settings
-from proxy.errors import UpstreamError
 from proxy.upstream import UpstreamClient
 
 log = logging.getLogger("mellum_proxy")
@@ -70,10 +70,8 @@ class UpstreamProbes:
                 self.policies.admission.resize(slots)
         if self.settings.tokenizer == "auto" and isinstance(self.budget.counter, CharsEstimator):
             tokenizer = UpstreamTokenizer(self.upstream)
-            try:
-                await tokenizer.count("x")
-            except UpstreamError:
-                return True  # ready, but without /tokenize: `chars` stays
+            if not await upstream_tokenizer_usable(tokenizer):
+                return True  # ready, but without a /tokenize that can cut: `chars` stays
             self._switch_tokenizer(tokenizer, "the upstream answers /tokenize")
         return True
 
