@@ -59,6 +59,12 @@ class Settings(BaseSettings):
         "http://127.0.0.1:8000",
         description="Base URL of the OpenAI-compatible model server (a trailing /v1 is accepted).",
     )
+    upstream_api_key: str | None = Field(
+        None, description="Sent to the upstream as `Authorization: Bearer KEY` (vLLM --api-key, LM Studio, a router)."
+    )
+    upstream_model: str | None = Field(
+        None, description="Model name sent upstream (default: the one model the upstream lists in /v1/models)."
+    )
     embedded: bool = Field(False, description="Start an in-process llama.cpp server and use it as upstream.")
     model: Path | None = Field(None, description="GGUF for --embedded (default: the packaged gemma-3-270m).")
     embedded_ctx_tokens: int = Field(4096, ge=256, description="Embedded server's total context (all slots).")
@@ -159,6 +165,7 @@ class Settings(BaseSettings):
         values = self.model_dump(mode="json")
         values["upstream"] = redact_url(self.upstream)
         values["auth_token"] = "***" if self.auth_token else None
+        values["upstream_api_key"] = "***" if self.upstream_api_key else None
         return values
 
     @property

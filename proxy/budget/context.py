@@ -24,6 +24,7 @@ upper bound).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -109,6 +110,14 @@ class ContextBudget:
         """Calibration from the upstream's reported `usage.prompt_tokens`."""
         self.counter.observe(prompt, prompt_tokens)
         self._fallback.observe(prompt, prompt_tokens)
+
+    def clamp(self, server_context: int) -> None:
+        """Never plan past the server's context per request (llama.cpp splits `-c` over its slots)."""
+        if server_context < self.settings.max_context_tokens:
+            log.info("context budget: %d -> %d tokens (the upstream's context per request)",
+                     self.settings.max_context_tokens, server_context)  # fmt: skip
+            self.settings = dataclasses.replace(self.settings, max_context_tokens=server_context)
+            self._overheads.clear()
 
     def use(self, counter: TokenCounter) -> None:
         """Count with `counter` from now on (a better tokenizer became available)."""

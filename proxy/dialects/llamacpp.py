@@ -30,7 +30,9 @@ from proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 
 INFILL, COMPLETION = "llamacpp-infill", "llamacpp-completion"
 # The proxy owns slots (several sessions must not be pinned to one) and answers the shape itself.
-_NOT_FORWARDED = ("id_slot", "response_fields", "t_max_prompt_ms")
+# `n_cmpl`: llama.vscode asks for several completions (3 by default); the proxy streams one and reads
+# one choice, so several would interleave into one garbled text (or be refused by a 2-slot server).
+_NOT_FORWARDED = ("id_slot", "response_fields", "t_max_prompt_ms", "n_cmpl")
 
 
 def _extra_files(value: Any) -> tuple[tuple[str, str], ...]:

@@ -95,8 +95,13 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
     base_url = app[EMBEDDED].url if EMBEDDED in app else settings.upstream
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.upstream_connect_timeout_ms / 1000)
     connector = aiohttp.TCPConnector(limit=0)  # concurrency is the policies' job, not the pool's
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    key = settings.upstream_api_key
+    headers = {"Authorization": f"Bearer {key}"} if key else None  # on every upstream request, pass-through too
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:
         upstream = UpstreamClient(session, str(base_url))
+        upstream.model = settings.upstream_model or await upstream.served_model()
+        if upstream.model is not None:
+            log.info("upstream model: %s%s", upstream.model, "" if settings.upstream_model else " (the one it lists)")
         app[UPSTREAM] = upstream
         telemetry = app[TELEMETRY]
         slots = await upstream.slot_count() if settings.max_concurrency == 0 else None
@@ -113,6 +118,9 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
             log_dropped=lambda: sum(sink.dropped for sink in telemetry.sinks()),
         )
         budget = ContextBudget(budget_settings(settings), await build_counter(settings, upstream))
+        server_context = await upstream.context_per_request()
+        if server_context is not None:
+            budget.clamp(server_context)
         log.info("context budget: %d tokens, tokenizer %s", settings.max_context_tokens, budget.counter.method)
         app[SERVICE] = CompletionService(upstream, policies, budget, telemetry)
         model = (app[EMBEDDED].model or packaged_model()) if EMBEDDED in app else None

@@ -42,6 +42,7 @@ class UpstreamProbes:
         self.budget = budget
         self.embedded_model = embedded_model
         self.slots_known = slots_known
+        self.context_known = False  # whether the server's context per request was read (and applied)
         self.settled = asyncio.Event()  # set once nothing is left to probe (for tests and `/status`)
 
     async def run(self) -> None:
@@ -60,6 +61,15 @@ class UpstreamProbes:
         """One round: True when the upstream was ready and everything left open is now known."""
         if not await self.upstream.reachable():
             return False
+        if not self.context_known:
+            server_context = await self.upstream.context_per_request()
+            if server_context is not None:
+                self.context_known = True
+                self.budget.clamp(server_context)
+        if self.upstream.model is None and self.settings.upstream_model is None:
+            self.upstream.model = await self.upstream.served_model()  # it may list none while it loads
+            if self.upstream.model is not None:
+                log.info("upstream model: %s (the one it lists)", self.upstream.model)
         if not self.slots_known:
             slots = await self.upstream.slot_count()
             if slots is None:

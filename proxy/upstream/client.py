@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 
 from proxy.config import redact_url
-from proxy.errors import UpstreamProtocolError
+from proxy.errors import UpstreamError, UpstreamProtocolError
 from proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
 from proxy.upstream.errors import status_error, translate_errors
 from proxy.upstream.sse import chunk_from_bytes, read_sse
@@ -26,9 +26,12 @@ _JSON = {"Content-Type": "application/json"}
 DRAIN_S = 0.05
 
 
-def _payload(request: NormalizedRequest, prompt: BudgetedPrompt) -> dict[str, Any]:
-    """The OpenAI `/v1/completions` body for a request fitted to the budget (always streamed)."""
+def _payload(request: NormalizedRequest, prompt: BudgetedPrompt, model: str | None) -> dict[str, Any]:
+    """The OpenAI `/v1/completions` body for a request fitted to the budget (always streamed), for
+    `model` when the proxy knows the upstream's (else the client's own `model`, if it sent one)."""
     payload: dict[str, Any] = dict(request.params)
+    if model is not None:
+        payload["model"] = model
     payload["prompt"] = prompt.prompt
     if prompt.suffix is not None:
         payload["suffix"] = prompt.suffix
@@ -65,6 +68,7 @@ class UpstreamClient:
         self.session = session
         self.base_url = base_url.rstrip("/")
         self.shown_url = redact_url(self.base_url)  # for messages, `/status` and `/health`: no credentials
+        self.model: str | None = None  # the model name every completion names (`--upstream-model`, or found)
         self._held_source: str | None = ""  # "": not probed yet; None: the server cannot say
 
     async def held(self) -> int | None:
@@ -159,7 +163,7 @@ class UpstreamClient:
         Raises:
             UpstreamError: the upstream is unreachable, answered an error, or sent garbage.
         """
-        body = orjson.dumps(_payload(request, prompt))
+        body = orjson.dumps(_payload(request, prompt, self.model))
         async with self.open("POST", "/v1/completions", body) as resp:
             if resp.content_type == "application/json":
                 yield [chunk_from_bytes(await resp.read())]
@@ -213,6 +217,37 @@ class UpstreamClient:
             if isinstance(body, list) and body:
                 return len(body)
         return None
+
+    async def context_per_request(self) -> int | None:
+        """The most tokens one request may hold on the server, if it says: llama.cpp `/props`
+        `default_generation_settings.n_ctx` (its `-c` split over the slots), else `/v1/models`
+        (llama.cpp `meta.n_ctx`, vLLM `max_model_len`)."""
+        try:
+            props = await self.get_json("/props")
+            n_ctx = props.get("default_generation_settings", {}).get("n_ctx") if isinstance(props, dict) else None
+            if isinstance(n_ctx, int) and n_ctx > 0:
+                return n_ctx
+        except (UpstreamError, AttributeError):
+            pass
+        try:
+            models = await self.get_json("/v1/models")
+        except UpstreamError:
+            return None
+        data = models.get("data") if isinstance(models, dict) else None
+        first = data[0] if isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict) else {}
+        meta = first.get("meta") if isinstance(first.get("meta"), dict) else {}
+        for value in (meta.get("n_ctx"), first.get("max_model_len")):
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
+    async def served_model(self) -> str | None:
+        """The model to name in requests when the upstream serves exactly one (vLLM 404s an unknown name)."""
+        try:
+            ids = await self.model_ids()
+        except UpstreamError:
+            return None
+        return ids[0] if len(ids) == 1 else None
 
     async def model_ids(self) -> list[str]:
         """Model ids from the upstream's OpenAI `/v1/models`."""

@@ -120,7 +120,9 @@ async def test_models_and_chat_are_passed_through(embedded_proxy: Any) -> None:
 
 
 async def test_upstream_error_status_and_message_are_passed_on(embedded_proxy: Any) -> None:
-    resp = await embedded_proxy.post("/v1/completions", json={"prompt": "hello " * 3000, "max_tokens": 4})
+    """The chat route is not budgeted: llama.cpp's own 400 for a prompt past its context comes through."""
+    chat = {"messages": [{"role": "user", "content": "hello " * 3000}], "max_tokens": 4}
+    resp = await embedded_proxy.post("/v1/chat/completions", json=chat)
     assert resp.status == 400
     error = (await resp.json())["error"]
     assert error["type"] == "exceed_context_size_error"
@@ -128,6 +130,17 @@ async def test_upstream_error_status_and_message_are_passed_on(embedded_proxy: A
     # and the proxy keeps serving
     again = await embedded_proxy.post("/v1/completions", json={"prompt": PROMPT, **GREEDY})
     assert again.status == 200
+
+
+async def test_a_completion_past_the_servers_context_per_request_is_fitted(embedded_proxy: Any) -> None:
+    """The suite's server has 2 slots of 2,048 tokens; the proxy was told 1<<20. It reads the server's
+    context per request (`/props` `default_generation_settings.n_ctx`) and fits the prompt into it."""
+    from proxy.http import RECORDS
+
+    resp = await embedded_proxy.post("/v1/completions", json={"prompt": "hello " * 3000, "max_tokens": 4})
+    assert resp.status == 200
+    record = embedded_proxy.app[RECORDS].last()
+    assert record.truncated and record.prompt_tokens_after is not None and record.prompt_tokens_after <= 2048 - 4
 
 
 @pytest.mark.parametrize(
