@@ -108,7 +108,9 @@ class Settings(BaseSettings):
     tokenizer: str = Field(
         "auto", description="'auto', 'upstream', 'chars', or a tokenizer.json, a .gguf or a model directory."
     )
-    fim_template: str = Field("mellum", description="mellum|starcoder|codellama|deepseek|qwen|none|custom.")
+    fim_template: str = Field(
+        "mellum", description="mellum|starcoder|codellama|deepseek|qwen|prefix|none|custom (default: checked)."
+    )
     complete_in_comments: bool = Field(True, description="Complete when the cursor is in a comment/string.")
 
     # --- telemetry ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import logging
 import math
 from dataclasses import dataclass
 
-from proxy.budget.templates import FimParts, FimTemplate, parse_any
+from proxy.budget.templates import PREFIX_ONLY, FimParts, FimTemplate, parse_any
 from proxy.budget.tokenizers import CharsEstimator, NoPiecesError, TokenCounter
 from proxy.errors import UpstreamError
 from proxy.models import BudgetedPrompt, NormalizedRequest
@@ -119,6 +119,11 @@ class ContextBudget:
             self.settings = dataclasses.replace(self.settings, max_context_tokens=server_context)
             self._overheads.clear()
 
+    def use_template(self, template: FimTemplate | None) -> None:
+        """Render with `template` from now on (the model's vocabulary asked for another)."""
+        self.settings = dataclasses.replace(self.settings, template=template)
+        self._overheads.clear()
+
     def use(self, counter: TokenCounter) -> None:
         """Count with `counter` from now on (a better tokenizer became available)."""
         self.counter = counter
@@ -200,7 +205,8 @@ class ContextBudget:
         template = self.settings.template
         if request.suffix is not None:
             files = _context_files(template, request.context_files)
-            return FimParts(request.prefix, request.suffix, request.file_path, files), template, template is None
+            suffix = "" if template is PREFIX_ONLY else request.suffix  # it has no place for one
+            return FimParts(request.prefix, suffix, request.file_path, files), template, template is None
         parsed = parse_any(request.prefix)
         if parsed is None:  # a plain completion: only the end of the prompt matters
             return FimParts(request.prefix, "", None), None, False

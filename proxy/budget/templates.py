@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 
@@ -135,6 +136,20 @@ QWEN = FimTemplate(
 )
 BUILTIN = {t.name: t for t in (MELLUM, STARCODER, CODELLAMA, DEEPSEEK, QWEN)}
 NONE = "none"  # send prompt and suffix as fields and let the server build the prompt
+# For a model without fill-in-the-middle tokens: the text before the cursor, as plain text to continue.
+# Not in BUILTIN, which recognises clients' pre-rendered prompts (this one would match any text).
+PREFIX_ONLY = FimTemplate("prefix", body="{prefix}")
+
+
+async def template_the_model_knows(
+    configured: FimTemplate, single_token: Callable[[str], Awaitable[bool]]
+) -> FimTemplate:
+    """`configured` when the model's vocabulary has each of its markers as one token; else the first
+    built-in template it has; else `PREFIX_ONLY` (markers the model never learned are only noise)."""
+    for template in (configured, *(t for t in BUILTIN.values() if t is not configured)):
+        if all([await single_token(marker) for marker in template.markers]):
+            return template
+    return PREFIX_ONLY
 
 
 def template_for(spec: str) -> FimTemplate | None:
@@ -147,6 +162,8 @@ def template_for(spec: str) -> FimTemplate | None:
         return None
     if spec in BUILTIN:
         return BUILTIN[spec]
+    if spec == PREFIX_ONLY.name:
+        return PREFIX_ONLY
     if "{prefix}" not in spec or "{suffix}" not in spec:
         raise ValueError(f"a custom FIM template needs {{prefix}} and {{suffix}}; known names: {', '.join(BUILTIN)}")
     return FimTemplate("custom", body=spec.replace("\\n", "\n"))

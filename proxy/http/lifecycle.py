@@ -121,7 +121,12 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
         server_context = await upstream.context_per_request()
         if server_context is not None:
             budget.clamp(server_context)
-        log.info("context budget: %d tokens, tokenizer %s", settings.max_context_tokens, budget.counter.method)
+        template = budget.settings.template
+        log.info("context budget: %d tokens, tokenizer %s, FIM template %s", budget.settings.max_context_tokens,
+                 budget.counter.method, template.name if template else "none")  # fmt: skip
+        if template is None:
+            log.warning("fim_template=none sends the text after the cursor as `suffix`: vLLM and llama.cpp "
+                        "builds that list it as unsupported answer 400; prefer the model's template")  # fmt: skip
         app[SERVICE] = CompletionService(upstream, policies, budget, telemetry)
         model = (app[EMBEDDED].model or packaged_model()) if EMBEDDED in app else None
         probes = app[PROBES] = UpstreamProbes(settings, upstream, policies, budget, model, slots_known=known)

@@ -16,9 +16,11 @@ from pathlib import Path
 
 from proxy.budget import CharsEstimator, ContextBudget, UpstreamTokenizer
 from proxy.budget.local import find_local
+from proxy.budget.templates import PREFIX_ONLY, template_the_model_knows
 from proxy.budget.tokenizers import upstream_tokenizer_usable
 from proxy.completion import Policies
 from proxy.config import Settings
+from proxy.errors import UpstreamError
 from proxy.upstream import UpstreamClient
 
 log = logging.getLogger("mellum_proxy")
@@ -55,7 +57,33 @@ class UpstreamProbes:
             local = await find_local(self.upstream, self.embedded_model)
             if local is not None:
                 self._switch_tokenizer(local, "agrees with the upstream's /tokenize")
+        await self._check_template()
         self.settled.set()
+
+    async def _check_template(self) -> None:
+        """With an exact tokenizer: use a FIM template whose markers the model has as tokens of their own
+        (the packaged gemma-3-270m has none: it gets prefix-only prompts). A template the user chose is
+        kept, with a warning when the model does not know its markers."""
+        counter, template = self.budget.counter, self.budget.settings.template
+        if not counter.exact or template is None or template is PREFIX_ONLY:
+            return
+
+        async def single_token(marker: str) -> bool:
+            try:
+                return len(await counter.offsets(marker)) == 1
+            except UpstreamError:
+                return True  # cannot tell: assume it does
+
+        known = await template_the_model_knows(template, single_token)
+        if known is template:
+            log.info("FIM template: %s (the model has its markers as tokens)", template.name)
+        elif "fim_template" in self.settings.model_fields_set:
+            log.warning("FIM template %s: the model has no token for its markers %s; it will read them as text",
+                        template.name, ", ".join(template.markers))  # fmt: skip
+        else:
+            log.info("FIM template: %s -> %s (the model has no token for %s)", template.name, known.name,
+                     ", ".join(template.markers))  # fmt: skip
+            self.budget.use_template(known)
 
     async def _probe(self) -> bool:
         """One round: True when the upstream was ready and everything left open is now known."""

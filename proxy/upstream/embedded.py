@@ -9,6 +9,11 @@ from pathlib import Path
 from typing import Any
 
 
+def model_name(path: Path) -> str:
+    """How a GGUF is named to clients: its file name without `.gguf` (`gemma-3-270m-q4_k_m`)."""
+    return path.name.removesuffix(".gguf")
+
+
 def packaged_model() -> Path:
     """The small real model shipped on PyPI (gemma-3-270m Q4_K_M), assembled once into the cache."""
     try:
@@ -63,6 +68,7 @@ class EmbeddedServer:
             raise RuntimeError(f"model file {model} does not exist")
         params = xllamacpp.CommonParams()
         params.model.path = str(model)
+        params.model_alias = {model_name(Path(model))}  # answers and /v1/models name the model, not a home path
         params.n_ctx = self.ctx_tokens
         params.n_parallel = self.slots
         params.cpuparams.n_threads = self.threads

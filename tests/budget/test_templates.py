@@ -71,3 +71,19 @@ def test_parsing_is_linear_in_a_prompt_of_repeated_markers() -> None:
     assert template is mellum and parts is not None
     assert parts == FimParts(prefix=prompt[len("<fim_suffix><fim_prefix>") : -len("<fim_middle>")], suffix="")
     assert mellum.parse("<fim_suffix>" * 20_000) is None and mellum.parse("x" * 100_000) is None
+
+
+async def test_the_template_follows_the_models_vocabulary() -> None:
+    from proxy.budget.templates import PREFIX_ONLY, template_the_model_knows
+
+    async def starcoder_vocab(marker: str) -> bool:
+        return marker in ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+
+    async def no_fim(marker: str) -> bool:
+        return False
+
+    mellum = BUILTIN["mellum"]
+    assert await template_the_model_knows(mellum, starcoder_vocab) is mellum  # same markers: kept
+    assert await template_the_model_knows(BUILTIN["qwen"], starcoder_vocab) is mellum  # the first it knows
+    assert await template_the_model_knows(mellum, no_fim) is PREFIX_ONLY
+    assert PREFIX_ONLY.render(FimParts("def f(", ")")) == "def f("

@@ -96,3 +96,27 @@ async def test_other_files_are_trimmed_by_the_chars_estimate_too(make_proxy: Pro
     record = proxy.app[RECORDS].last()
     assert "def f(" in sent and len(sent) < 4 * (2048 - 64) and record.truncated
     assert record.prompt_tokens_after is not None and record.prompt_tokens_after <= 2048 - 64
+
+
+async def test_the_packaged_model_without_fim_tokens_gets_prefix_only_prompts(
+    make_proxy: ProxyFactory, embedded_server: EmbeddedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """gemma-3-270m has no `<fim_*>` tokens: the default Mellum template would be noise to it (its first
+    completion was `print(fibonacci(n))\\n    <fim_end>...`). A template the user chose is kept, with a warning."""
+    import logging
+
+    from proxy.budget.templates import PREFIX_ONLY
+
+    with caplog.at_level(logging.INFO, "mellum_proxy"):
+        proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0)
+        await asyncio.wait_for(proxy.app[PROBES].settled.wait(), 120)
+        chosen = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, fim_template="mellum")
+        await asyncio.wait_for(chosen.app[PROBES].settled.wait(), 120)
+    assert proxy.app[SERVICE].budget.settings.template is PREFIX_ONLY
+    assert chosen.app[SERVICE].budget.settings.template.name == "mellum"
+    assert any("mellum -> prefix" in m for m in caplog.messages)
+    assert any("will read them as text" in m for m in caplog.messages)
+    body = {"prompt": "def add(a, b):\n    return ", "suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 8,
+            "temperature": 0}  # fmt: skip
+    resp = await proxy.post("/v1/completions", json=body)
+    assert resp.status == 200 and "<fim" not in (await resp.json())["choices"][0]["text"]

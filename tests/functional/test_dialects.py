@@ -105,7 +105,7 @@ async def test_continue_ollama_discovery_and_fim_stream(proxy: Any) -> None:
     assert ".Suffix" in show["template"]  # Continue: fimSupported = template includes ".Suffix"
     assert show["parameters"].startswith("num_ctx ")
     tags = await (await proxy.get("/api/tags")).json()
-    assert tags["models"][0]["name"].endswith(".gguf")  # Continue: data.models.map(m => m.name)
+    assert tags["models"][0]["name"] == "gemma-3-270m-q4_k_m"  # Continue: data.models.map(m => m.name)
     assert (await (await proxy.get("/api/version")).json())["version"]
     body = {"model": "mellum", "prompt": PREFIX + "    return ", "suffix": SUFFIX, "raw": True,
             "options": {"temperature": 0.01, "top_p": 0.9, "num_predict": 16, "stop": ["\n\n"], "num_ctx": 2048},
