@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     upstream_model: str | None = Field(
         None, description="Model name sent upstream (default: the one model the upstream lists in /v1/models)."
     )
+    upstream_kind: Literal["auto", "llama.cpp", "vllm", "ollama", "lmstudio", "openai"] = Field(
+        "auto", description="What the upstream is (auto: told apart by what it answers)."
+    )
     embedded: bool = Field(False, description="Start an in-process llama.cpp server and use it as upstream.")
     model: Path | None = Field(None, description="GGUF for --embedded (default: the packaged gemma-3-270m).")
     embedded_ctx_tokens: int = Field(4096, ge=256, description="Embedded server's total context (all slots).")

@@ -39,6 +39,7 @@ from proxy.policies.reuse import ReuseCache
 from proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetrics, Telemetry
 from proxy.upstream import UpstreamClient
 from proxy.upstream.embedded import EmbeddedServer, packaged_model
+from proxy.upstream.kinds import discover
 
 log = logging.getLogger("mellum_proxy")
 
@@ -99,12 +100,11 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
     headers = {"Authorization": f"Bearer {key}"} if key else None  # on every upstream request, pass-through too
     async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:
         upstream = UpstreamClient(session, str(base_url))
-        upstream.model = settings.upstream_model or await upstream.served_model()
-        if upstream.model is not None:
-            log.info("upstream model: %s%s", upstream.model, "" if settings.upstream_model else " (the one it lists)")
+        upstream.model = settings.upstream_model
         app[UPSTREAM] = upstream
         telemetry = app[TELEMETRY]
-        slots = await upstream.slot_count() if settings.max_concurrency == 0 else None
+        found = await discover(upstream, settings.upstream_kind) if await upstream.reachable() else None
+        slots = found.slots if found is not None and settings.max_concurrency == 0 else None
         known = settings.max_concurrency != 0 or slots is not None
         policies = app[POLICIES] = build_policies(settings, slots, telemetry.clock)
         gpu = telemetry.gpu
@@ -118,9 +118,10 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
             log_dropped=lambda: sum(sink.dropped for sink in telemetry.sinks()),
         )
         budget = ContextBudget(budget_settings(settings), await build_counter(settings, upstream))
-        server_context = await upstream.context_per_request()
-        if server_context is not None:
-            budget.clamp(server_context)
+        model = (app[EMBEDDED].model or packaged_model()) if EMBEDDED in app else None
+        probes = app[PROBES] = UpstreamProbes(settings, upstream, policies, budget, model, slots_known=known)
+        if found is not None:
+            probes.apply(found)
         template = budget.settings.template
         log.info("context budget: %d tokens, tokenizer %s, FIM template %s", budget.settings.max_context_tokens,
                  budget.counter.method, template.name if template else "none")  # fmt: skip
@@ -128,8 +129,6 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
             log.warning("fim_template=none sends the text after the cursor as `suffix`: vLLM and llama.cpp "
                         "builds that list it as unsupported answer 400; prefer the model's template")  # fmt: skip
         app[SERVICE] = CompletionService(upstream, policies, budget, telemetry)
-        model = (app[EMBEDDED].model or packaged_model()) if EMBEDDED in app else None
-        probes = app[PROBES] = UpstreamProbes(settings, upstream, policies, budget, model, slots_known=known)
         task = asyncio.create_task(probes.run(), name="upstream-probes")
         try:
             yield

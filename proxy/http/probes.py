@@ -22,6 +22,7 @@ from proxy.completion import Policies
 from proxy.config import Settings
 from proxy.errors import UpstreamError
 from proxy.upstream import UpstreamClient
+from proxy.upstream.kinds import Found, discover
 
 log = logging.getLogger("mellum_proxy")
 
@@ -44,7 +45,7 @@ class UpstreamProbes:
         self.budget = budget
         self.embedded_model = embedded_model
         self.slots_known = slots_known
-        self.context_known = False  # whether the server's context per request was read (and applied)
+        self.found: Found | None = None  # what discovery found, once the upstream answered
         self.settled = asyncio.Event()  # set once nothing is left to probe (for tests and `/status`)
 
     async def run(self) -> None:
@@ -89,29 +90,40 @@ class UpstreamProbes:
         """One round: True when the upstream was ready and everything left open is now known."""
         if not await self.upstream.reachable():
             return False
-        if not self.context_known:
-            server_context = await self.upstream.context_per_request()
-            if server_context is not None:
-                self.context_known = True
-                self.budget.clamp(server_context)
-        if self.upstream.model is None and self.settings.upstream_model is None:
-            self.upstream.model = await self.upstream.served_model()  # it may list none while it loads
-            if self.upstream.model is not None:
-                log.info("upstream model: %s (the one it lists)", self.upstream.model)
+        if self.found is None or self.found.model is None or self.found.context is None:
+            self.apply(await discover(self.upstream, self.settings.upstream_kind))  # again, now that it is ready
         if not self.slots_known:
             slots = await self.upstream.slot_count()
             if slots is None:
                 return False
-            self.slots_known = True
-            if slots != self.policies.admission.limit:
-                log.info("upstream: max_concurrency %d -> %d (its slots)", self.policies.admission.limit, slots)
-                self.policies.admission.resize(slots)
+            self._use_slots(slots)
         if self.settings.tokenizer == "auto" and isinstance(self.budget.counter, CharsEstimator):
             tokenizer = UpstreamTokenizer(self.upstream)
             if not await upstream_tokenizer_usable(tokenizer):
                 return True  # ready, but without a /tokenize that can cut: `chars` stays
             self._switch_tokenizer(tokenizer, "the upstream answers /tokenize")
         return True
+
+    def apply(self, found: Found) -> None:
+        """Use what discovery found: the model to name, the context to fit, the slots to fill."""
+        previous, self.found = self.found, found
+        settings = self.settings
+        if settings.upstream_model is None and found.model is not None and self.upstream.model != found.model:
+            self.upstream.model = found.model
+        if found.context is not None:
+            self.budget.clamp(found.context)
+        if settings.max_concurrency == 0 and found.slots is not None:
+            self._use_slots(found.slots)
+        elif found.kind != "llama.cpp":
+            self.slots_known = True  # only llama.cpp says; the others keep the setting (or 1)
+        if found != previous:
+            log.info("upstream %s: %s", self.upstream.shown_url, found.describe())
+
+    def _use_slots(self, slots: int) -> None:
+        self.slots_known = True
+        if slots != self.policies.admission.limit:
+            log.info("upstream: max_concurrency %d -> %d (its slots)", self.policies.admission.limit, slots)
+            self.policies.admission.resize(slots)
 
     def _switch_tokenizer(self, counter: object, why: str) -> None:
         log.info("upstream: tokenizer %s -> %s (%s)", self.budget.counter.method, counter.method, why)  # type: ignore[attr-defined]

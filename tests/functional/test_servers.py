@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from bench.fake_upstream import FakeUpstream
-from proxy.http import RECORDS
+from proxy.http import POLICIES, RECORDS
 from tests.conftest import ProxyFactory
 
 
@@ -78,8 +78,8 @@ def vllm_shaped(fake: FakeUpstream, key: str) -> web.Application:
         return await handler(request)
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": VLLM_MODEL, "object": "model",
-                                                               "max_model_len": 1024}]})  # fmt: skip
+        entry = {"id": VLLM_MODEL, "object": "model", "owned_by": "vllm", "max_model_len": 1024}
+        return web.json_response({"object": "list", "data": [entry]})
 
     app.middlewares.append(vllm_rules)
     app.router.add_get("/v1/models", models)
@@ -95,11 +95,15 @@ BODIES = {
 
 
 async def test_a_vllm_shaped_upstream_gets_its_model_name_and_key(
-    make_proxy: ProxyFactory, aiohttp_server: Any
+    make_proxy: ProxyFactory, aiohttp_server: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = FakeUpstream()
     upstream = await aiohttp_server(vllm_shaped(fake, "team-key-123"))
-    proxy = await make_proxy(upstream=str(upstream.make_url("")), upstream_api_key="team-key-123", reuse=False)
+    with caplog.at_level(logging.INFO, "mellum_proxy"):
+        proxy = await make_proxy(upstream=str(upstream.make_url("")), upstream_api_key="team-key-123", reuse=False)
+    found = "kind vllm, model JetBrains/Mellum-4b-base, 1024 tokens per request, 4 slots"
+    assert any(found in message for message in caplog.messages), caplog.messages  # the start-up line
+    assert proxy.app[POLICIES].admission.limit == 4  # not serialized at 1 for want of /props
     for path, body in BODIES.items():
         resp = await proxy.post(path, json=body)
         assert resp.status == 200, (path, await resp.text())
@@ -133,3 +137,29 @@ async def test_llama_vscodes_request_with_n_cmpl_gives_one_clean_completion(
     answer = await resp.json()
     assert resp.status == 200 and answer["content"] == "t0 t1 t2 t3 "  # one completion, not three interleaved
     assert "n_cmpl" not in fake.payloads[-1]
+
+
+async def test_kinds_are_told_apart_by_what_they_answer(aiohttp_server: Any, embedded_server: Any) -> None:
+    import aiohttp
+
+    from proxy.upstream import UpstreamClient
+    from proxy.upstream.kinds import detect_kind
+
+    def answering(body: Any) -> Any:
+        async def handler(request: web.Request) -> web.Response:
+            return web.json_response(body)
+
+        return handler
+
+    ollama = web.Application()  # ollama server/routes.go: GET /api/version -> {"version": "0.9.0"}
+    ollama.router.add_get("/api/version", answering({"version": "0.9.0"}))
+    lmstudio = web.Application()  # LM Studio's /v1/models entries are owned by "organization_owner"
+    entry = {"id": "mellum-4b-base", "object": "model", "owned_by": "organization_owner"}
+    lmstudio.router.add_get("/v1/models", answering({"object": "list", "data": [entry]}))
+    plain = web.Application()
+    servers = {"ollama": ollama, "lmstudio": lmstudio, "openai": plain}
+    async with aiohttp.ClientSession() as session:
+        for kind, app in servers.items():
+            server = await aiohttp_server(app)
+            assert await detect_kind(UpstreamClient(session, str(server.make_url("")))) == kind
+        assert await detect_kind(UpstreamClient(session, embedded_server.url)) == "llama.cpp"
