@@ -1,11 +1,16 @@
 -- minuet-ai.nvim (init.lua): completion through mellum-proxy's OpenAI FIM endpoint.
--- api_key names an environment variable; TERM is always set and the proxy needs no key.
+-- api_key names an environment variable: TERM (always set; the proxy checks keys only with an auth_token).
+-- The virtual-text frontend with auto_trigger_ft is what asks for completions as you type (without a
+-- frontend that auto-triggers, minuet completes only on demand).
 require('minuet').setup {
   provider = 'openai_fim_compatible',
   n_completions = 1,
   request_timeout = 1.5,
   throttle = 1,
   debounce = 1,
+  virtualtext = {
+    auto_trigger_ft = { '*' },
+  },
   provider_options = {
     openai_fim_compatible = {
       api_key = 'TERM',

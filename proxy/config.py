@@ -112,9 +112,13 @@ class Settings(BaseSettings):
         "auto", description="'auto', 'upstream', 'chars', or a tokenizer.json, a .gguf or a model directory."
     )
     fim_template: str = Field(
-        "mellum", description="mellum|starcoder|codellama|deepseek|qwen|prefix|none|custom (default: checked)."
+        "mellum",
+        description="mellum|starcoder|codellama|deepseek|qwen|codestral|prefix|none|custom (default: checked).",
     )
     complete_in_comments: bool = Field(True, description="Complete when the cursor is in a comment/string.")
+    default_temperature: float | None = Field(
+        None, ge=0, le=5, description="Temperature sent when the client sends none (default: the server's own)."
+    )
 
     # --- telemetry ---------------------------------------------------------------------------
     log: Path | None = Field(None, description="Append one JSON line per request to this file.")

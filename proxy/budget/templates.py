@@ -14,6 +14,8 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+MARKER = re.compile(r"<[^<>\s{}]+>|\[[A-Z_]+\]")  # `<fim_prefix>`, `<|fim_suffix|>`; Mistral's `[SUFFIX]`
+
 
 @dataclass(frozen=True, slots=True)
 class FimParts:
@@ -36,7 +38,7 @@ class FimTemplate:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_pieces", tuple(p for p in re.split(r"(\{prefix\}|\{suffix\})", self.body) if p))
-        object.__setattr__(self, "markers", tuple(re.findall(r"<[^<>\s{}]+>", self.body)))
+        object.__setattr__(self, "markers", tuple(MARKER.findall(self.body)))
 
     def render(self, parts: FimParts) -> str:
         return self.render_spans(parts)[0]
@@ -101,7 +103,7 @@ class FimTemplate:
     @property
     def special_tokens(self) -> tuple[str, ...]:
         """The literal markers of the template, e.g. `<fim_prefix>`: never cut, never part of user text."""
-        return tuple(sorted(set(re.findall(r"<[^<>\s{}]+>", self.header + self.body))))
+        return tuple(sorted(set(MARKER.findall(self.header + self.body))))
 
 
 @functools.lru_cache(maxsize=32)
@@ -134,7 +136,9 @@ QWEN = FimTemplate(
     body="<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>",
     stops=("<|endoftext|>", "<|file_sep|>", "<|fim_pad|>", "<|im_end|>"),
 )
-BUILTIN = {t.name: t for t in (MELLUM, STARCODER, CODELLAMA, DEEPSEEK, QWEN)}
+# Codestral's (Twinny's and Continue's `codestral` template): the suffix first, no middle marker.
+CODESTRAL = FimTemplate("codestral", body="[SUFFIX]{suffix}[PREFIX]{prefix}", stops=("</s>", "[PREFIX]", "[SUFFIX]"))
+BUILTIN = {t.name: t for t in (MELLUM, STARCODER, CODELLAMA, DEEPSEEK, QWEN, CODESTRAL)}
 NONE = "none"  # send prompt and suffix as fields and let the server build the prompt
 # For a model without fill-in-the-middle tokens: the text before the cursor, as plain text to continue.
 # Not in BUILTIN, which recognises clients' pre-rendered prompts (this one would match any text).

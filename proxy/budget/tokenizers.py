@@ -135,7 +135,9 @@ async def upstream_tokenizer_usable(tokenizer: UpstreamTokenizer) -> bool:
     except NoPiecesError as exc:
         log.info("tokenizer: %s; estimating from characters instead", exc)
         return False
-    except UpstreamError:
+    except UpstreamError as exc:  # vLLM's takes `prompt` (400), Ollama has none (404)
+        log.info("tokenizer: the upstream's /tokenize cannot cut prompts (%s); estimating from characters",
+                 exc.message)  # fmt: skip
         return False
     return True
 
@@ -167,6 +169,9 @@ def _char_offsets(text: str, byte_lengths: list[int]) -> list[int]:
         if chars < len(text) and (not offsets or chars > offsets[-1]):
             offsets.append(chars)
     return offsets
+
+
+MAX_CHARS_PER_TOKEN = 8.0  # no tokenizer packs source code denser; a higher ratio is a partial count
 
 
 class CharsEstimator:
@@ -209,6 +214,8 @@ class CharsEstimator:
         return await self.count(prompt), await self.offsets(prompt)
 
     def observe(self, prompt: str, prompt_tokens: int) -> None:
-        if prompt_tokens > 0 and len(prompt) >= 64:  # tiny prompts are dominated by special tokens
+        if prompt_tokens <= 0 or len(prompt) < 64:  # tiny prompts are dominated by special tokens
+            return
+        if len(prompt) / prompt_tokens <= MAX_CHARS_PER_TOKEN:  # more: a count of the uncached part only (Ollama)
             self._ratios.append(len(prompt) / prompt_tokens)
             self._quantile = None

@@ -150,6 +150,19 @@ class LlamaCppEncoder(Encoder):
     def stream_error(self, error: ProxyError) -> Any:
         return error_body(error)
 
+    def failing(self, completion: Completion, error: ProxyError, final_sent: bool = False) -> bytes:
+        """A started stream that failed ends with one last `stop: true` event carrying the error: Tabby's
+        llama.cpp backend (crates/http-api-bindings/src/completion/llama.rs) reads every event as
+        `{content, stop}` and panics on any other shape."""
+        if final_sent:
+            return self.end_of_stream
+        try:
+            last = self.final(completion, Outcome.OK, "")
+        except Exception:  # the final event is what failed: the bare end Tabby needs
+            last = {}
+        last = {"content": "", "stop": True, **last, "stop_type": "error", **error_body(error)}
+        return self.frame(last) + self.end_of_stream
+
 
 LLAMACPP = Dialect(
     name="llamacpp",

@@ -37,6 +37,13 @@ def values(settings: Settings) -> dict[str, str]:
         "timeout_s": f"{(settings.timeout_ms or 1500) / 1000:g}",
         "max_context_tokens": str(settings.max_context_tokens),
         "max_tokens": str(settings.max_tokens),
+        "prompt_tokens": str(settings.max_context_tokens - settings.max_tokens),  # room left for the completion
+        "api_key": settings.auth_token or "",
+        "api_key_or_none": settings.auth_token or "none",
+        "api_key_env": "MELLUM_PROXY_AUTH_TOKEN" if settings.auth_token else "TERM",
+        "api_key_note": " (export it with the proxy's auth_token)"
+        if settings.auth_token
+        else " (always set; the proxy checks keys only with an auth_token)",
     }
 
 

@@ -101,6 +101,9 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
     async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:
         upstream = UpstreamClient(session, str(base_url))
         upstream.model = settings.upstream_model
+        upstream.native_ollama = settings.upstream_kind == "ollama"
+        if settings.default_temperature is not None:
+            upstream.defaults["temperature"] = settings.default_temperature
         app[UPSTREAM] = upstream
         telemetry = app[TELEMETRY]
         found = await discover(upstream, settings.upstream_kind) if await upstream.reachable() else None

@@ -19,6 +19,7 @@ import orjson
 from proxy.config import redact_url
 from proxy.errors import UpstreamError, UpstreamProtocolError
 from proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
+from proxy.upstream import ollama
 from proxy.upstream.errors import status_error, translate_errors
 from proxy.upstream.sse import chunk_from_bytes, read_sse
 
@@ -26,10 +27,12 @@ _JSON = {"Content-Type": "application/json"}
 DRAIN_S = 0.05
 
 
-def _payload(request: NormalizedRequest, prompt: BudgetedPrompt, model: str | None) -> dict[str, Any]:
+def _payload(
+    request: NormalizedRequest, prompt: BudgetedPrompt, model: str | None, defaults: dict[str, Any]
+) -> dict[str, Any]:
     """The OpenAI `/v1/completions` body for a request fitted to the budget (always streamed), for
     `model` when the proxy knows the upstream's (else the client's own `model`, if it sent one)."""
-    payload: dict[str, Any] = dict(request.params)
+    payload: dict[str, Any] = {**defaults, **request.params} if defaults else dict(request.params)
     if model is not None:
         payload["model"] = model
     payload["prompt"] = prompt.prompt
@@ -69,6 +72,8 @@ class UpstreamClient:
         self.base_url = base_url.rstrip("/")
         self.shown_url = redact_url(self.base_url)  # for messages, `/status` and `/health`: no credentials
         self.model: str | None = None  # the model name every completion names (`--upstream-model`, or found)
+        self.native_ollama = False  # complete through Ollama's `/api/generate` (raw), not `/v1/completions`
+        self.defaults: dict[str, Any] = {}  # parameters sent when the client sends none (`default_temperature`)
         self._held_source: str | None = ""  # "": not probed yet; None: the server cannot say
 
     async def held(self) -> int | None:
@@ -158,12 +163,20 @@ class UpstreamClient:
     async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[list[Chunk]]:
         """POST `/v1/completions` for `request` fitted to `prompt`; yield its chunks a network read at a time.
 
-        An upstream that ignores `stream: true` and answers one JSON body gives one batch.
+        An upstream that ignores `stream: true` and answers one JSON body gives one batch. An Ollama
+        upstream is asked through its native `/api/generate` instead (`proxy.upstream.ollama`).
 
         Raises:
             UpstreamError: the upstream is unreachable, answered an error, or sent garbage.
         """
-        body = orjson.dumps(_payload(request, prompt, self.model))
+        if self.native_ollama:
+            body = orjson.dumps(ollama.generate_payload(request, prompt, self.model, self.defaults))
+            async with self.open("POST", ollama.GENERATE_PATH, body) as resp:
+                async for batch in ollama.read_ndjson(resp.content.iter_any()):
+                    yield batch
+                await _drain(resp)
+            return
+        body = orjson.dumps(_payload(request, prompt, self.model, self.defaults))
         async with self.open("POST", "/v1/completions", body) as resp:
             if resp.content_type == "application/json":
                 yield [chunk_from_bytes(await resp.read())]
@@ -177,6 +190,10 @@ class UpstreamClient:
     async def tokenize(self, body: dict[str, Any], timeout_s: float = 5.0) -> Any:
         """llama.cpp `POST /tokenize` (the context budget's exact tokenizer)."""
         return await self._json("POST", "/tokenize", body, timeout_s)
+
+    async def post_json(self, path: str, body: Any, timeout_s: float = 2.0) -> Any:
+        """POST a JSON body and read the JSON answer (Ollama's `/api/show`)."""
+        return await self._json("POST", path, body, timeout_s)
 
     async def get_json(self, path: str, timeout_s: float = 2.0) -> Any:
         """GET a JSON document from the upstream (used for /props, /slots)."""

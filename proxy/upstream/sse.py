@@ -131,15 +131,25 @@ def _chunks(events: list[bytes], first: bool) -> tuple[list[Chunk], bool]:
 
 def chunk_from_bytes(data: bytes) -> Chunk:
     """One event's JSON as a `Chunk`, keeping the bytes."""
+    return chunk_from_event(load_event(data, "stream event"), data)
+
+
+def load_event(data: bytes, what: str) -> dict[str, Any]:
+    """One streamed JSON object (an SSE event, an NDJSON line).
+
+    Raises:
+        UpstreamProtocolError: it is not a JSON object.
+        UpstreamStatusError: it is the server's own error report (`{"error": ...}`).
+    """
     try:
         event = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise UpstreamProtocolError("upstream sent an unreadable stream event") from exc
+        raise UpstreamProtocolError(f"upstream sent an unreadable {what}") from exc
     if not isinstance(event, dict):
-        raise UpstreamProtocolError("upstream sent a stream event that is not an object")
+        raise UpstreamProtocolError(f"upstream sent a {what} that is not an object")
     if "error" in event:
         raise status_error(500, data)
-    return chunk_from_event(event, data)
+    return event
 
 
 def chunk_from_event(event: dict[str, Any], raw: bytes | None = None) -> Chunk:

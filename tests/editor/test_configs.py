@@ -50,10 +50,37 @@ def test_structured_configs_parse() -> None:
     assert tabby["model"]["completion"]["http"]["kind"] == "llama.cpp/completion"
 
 
+def test_configs_follow_the_plugins_current_settings() -> None:
+    """Each against the plugin's own source: llama.vim autoload/llama.vim (`endpoint_fim`; `endpoint` is
+    deprecated); llama.vscode package.json (`max_parallel_completions`); minuet's README (a frontend that
+    auto-triggers); Continue's autocomplete options (`maxPromptTokens` is the prompt alone)."""
+    assert "'endpoint_fim': 'http://127.0.0.1:8011/infill'" in (CONFIG_DIR / "llama-vim.vim").read_text()
+    assert "'endpoint'" not in (CONFIG_DIR / "llama-vim.vim").read_text()
+    vscode = jsonc((CONFIG_DIR / "llama-vscode.json").read_text())
+    assert vscode["llama-vscode.max_parallel_completions"] == 1  # type: ignore[index]
+    assert "auto_trigger_ft = { '*' }" in (CONFIG_DIR / "minuet.lua").read_text()
+    settings = Settings()
+    for model in yaml.safe_load((CONFIG_DIR / "continue.yaml").read_text())["models"]:
+        prompt, out = model["autocompleteOptions"]["maxPromptTokens"], model["defaultCompletionOptions"]["maxTokens"]
+        assert prompt + out <= settings.max_context_tokens
+    jetbrains = (CONFIG_DIR / "jetbrains-ai-assistant.md").read_text()
+    assert "AI Completion" in jetbrains and "OpenAI-compatible" in jetbrains and "Output limit: 128" in jetbrains
+    assert "starcoder" in (CONFIG_DIR / "twinny.json").read_text()
+
+
+def test_configs_carry_the_auth_token_when_the_proxy_has_one() -> None:
+    settings = Settings(auth_token="s3cret-token")
+    assert "'api_key': 's3cret-token'" in render("llama-vim", settings)
+    assert '"llama-vscode.api_key": "s3cret-token"' in render("llama-vscode", settings)
+    assert all(m["apiKey"] == "s3cret-token" for m in yaml.safe_load(render("continue", settings))["models"])
+    assert tomllib.loads(render("tabby", settings))["model"]["completion"]["http"]["api_key"] == "s3cret-token"
+    assert "api_key = 'MELLUM_PROXY_AUTH_TOKEN'" in render("minuet", settings)
+
+
 @pytest.mark.skipif(shutil.which("vim") is None, reason="vim is not installed")
 def test_llama_vim_config_is_valid_vim_script(tmp_path: Path) -> None:
     check = tmp_path / "check.vim"
-    expect = "if g:llama_config.endpoint !=# 'http://127.0.0.1:8011/infill' | cquit 3 | endif"
+    expect = "if g:llama_config.endpoint_fim !=# 'http://127.0.0.1:8011/infill' | cquit 3 | endif"
     check.write_text(f"source {CONFIG_DIR / 'llama-vim.vim'}\n{expect}\nqall!\n")
     result = subprocess.run(["vim", "-u", "NONE", "-N", "-es", "-S", str(check)], capture_output=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr

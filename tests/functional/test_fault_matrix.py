@@ -83,6 +83,12 @@ def completion_text(path: str, body: dict[str, Any]) -> str:
     return str(body["response"] if path == "/api/generate" else body["content"])
 
 
+def tabby_reads(event: Any) -> bool:
+    """Tabby's llama.cpp backend (crates/http-api-bindings/src/completion/llama.rs) `unwrap`s each event
+    as `CompletionResponseChunk {content: String, stop: bool}`."""
+    return isinstance(event, dict) and isinstance(event.get("content"), str) and isinstance(event.get("stop"), bool)
+
+
 def has_error_event(events: list[Any]) -> bool:
     return any(isinstance(event, dict) and "error" in event for event in events)
 
@@ -148,6 +154,8 @@ async def test_fault_through_every_dialect(
                 events = parse_events(path, body)
                 assert ends_in_dialect(path, events), (cell, body[-300:])
                 assert has_error_event(events) == (expected == MID), (cell, body[-300:])
+                if path in ("/infill", "/completion"):  # Tabby reads every event as {content, stop}, or panics
+                    assert all(tabby_reads(event) for event in events), (cell, body[-300:])
             assert await served_next(proxy, fake), cell
             line = (await logged(proxy))[-2]  # the cell's own line, before the next request's
             assert (line["id"], line["outcome"]) == (record.id, want_outcome), cell

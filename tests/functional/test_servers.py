@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 
@@ -81,8 +82,17 @@ def vllm_shaped(fake: FakeUpstream, key: str) -> web.Application:
         entry = {"id": VLLM_MODEL, "object": "model", "owned_by": "vllm", "max_model_len": 1024}
         return web.json_response({"object": "list", "data": [entry]})
 
+    async def tokenize(request: web.Request) -> web.Response:  # protocol.py `TokenizeCompletionRequest`
+        body = await request.json()
+        if "prompt" not in body:
+            return web.json_response({"object": "error", "message": "Field required: prompt",
+                                      "type": "BadRequestError", "code": 400}, status=400)  # fmt: skip
+        tokens = list(range(len(body["prompt"]) // 3 + 1))
+        return web.json_response({"tokens": tokens, "count": len(tokens), "max_model_len": 1024})
+
     app.middlewares.append(vllm_rules)
     app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize)
     return app
 
 
@@ -105,9 +115,13 @@ async def test_a_vllm_shaped_upstream_gets_its_model_name_and_key(
     assert any(found in message for message in caplog.messages), caplog.messages  # the start-up line
     assert proxy.app[POLICIES].admission.limit == 4  # not serialized at 1 for want of /props
     for path, body in BODIES.items():
-        resp = await proxy.post(path, json=body)
-        assert resp.status == 200, (path, await resp.text())
+        for stream in (False, True):
+            resp = await proxy.post(path, json={**body, "stream": stream})
+            raw = await resp.read()
+            assert resp.status == 200 and answer_text(raw) == "t0 t1 t2 t3 ", (path, stream, raw)
     assert {payload["model"] for payload in fake.payloads} == {VLLM_MODEL}
+    assert proxy.app[RECORDS].last().tokenizer in ("chars", "bytes")  # bytes: so short it fits uncounted
+    assert any("/tokenize cannot cut prompts" in message for message in caplog.messages)
     status = await (await proxy.get("/status")).text()
     assert "team-key-123" not in status
     long = {"prompt": "".join(f"x_{i} = {i}\n" for i in range(2000)), "suffix": "\n"}
@@ -163,3 +177,206 @@ async def test_kinds_are_told_apart_by_what_they_answer(aiohttp_server: Any, emb
             server = await aiohttp_server(app)
             assert await detect_kind(UpstreamClient(session, str(server.make_url("")))) == kind
         assert await detect_kind(UpstreamClient(session, embedded_server.url)) == "llama.cpp"
+
+
+OLLAMA_MODEL = "mellum:4b"
+
+
+def answer_text(raw: bytes) -> str:
+    """The completion text of an answer in any dialect, whole or streamed (SSE or NDJSON)."""
+    text = ""
+    for line in raw.splitlines() or [raw]:
+        line = line.removeprefix(b"data: ").strip()
+        if not line.startswith(b"{"):
+            continue
+        event = orjson.loads(line)
+        choices = event.get("choices") or [{}]
+        text += choices[0].get("text") or event.get("content") or event.get("response") or ""
+    return text
+
+
+class OllamaShaped:
+    """An Ollama server as its source describes it (ollama `server/routes.go`, `api/types.go`): `/api/version`,
+    `/api/tags`, `/api/ps` (the loaded model with its `context_length`), `/api/show`, `/v1/models` (entries
+    `owned_by: "library"`), no `/health`, `/props` nor `/tokenize`. `/api/generate` answers NDJSON, 404
+    `{"error": "model ... not found"}` for an unknown model, and cuts a prompt longer than the context
+    silently (counted here, at 3 characters a token). `/v1/completions` exists but applies the model's
+    template; the proxy must not use it."""
+
+    def __init__(self, context: int = 1024) -> None:
+        self.context = context
+        self.generate: list[dict[str, Any]] = []
+        self.openai_completions = 0
+        self.truncated = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+
+        def answering(body: Any) -> Any:
+            async def handler(request: web.Request) -> web.Response:
+                return web.json_response(body)
+
+            return handler
+
+        entry = {"name": OLLAMA_MODEL, "model": OLLAMA_MODEL, "size": 1, "digest": "d", "details": {}}
+        app.router.add_get("/api/version", answering({"version": "0.12.6"}))
+        app.router.add_get("/api/tags", answering({"models": [entry]}))
+        app.router.add_get("/api/ps", answering({"models": [{**entry, "context_length": self.context}]}))
+        app.router.add_post("/api/show", answering({"parameters": "stop <fim_prefix>", "template": "{{ .Prompt }}"}))
+        listing = {"object": "list", "data": [{"id": OLLAMA_MODEL, "object": "model", "owned_by": "library"}]}
+        app.router.add_get("/v1/models", answering(listing))
+        app.router.add_post("/api/generate", self._generate)
+        app.router.add_post("/v1/completions", self._openai)
+        return app
+
+    async def _openai(self, request: web.Request) -> web.Response:
+        self.openai_completions += 1
+        return web.json_response({"error": {"message": "templated"}}, status=500)
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.generate.append(body)
+        if body.get("model") != OLLAMA_MODEL:
+            return web.json_response({"error": f"model '{body.get('model')}' not found"}, status=404)
+        options = body.get("options") or {}
+        if len(body.get("prompt", "")) // 3 + options.get("num_predict", 128) > self.context:
+            self.truncated += 1
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        for piece in ("x", " =", " 1"):
+            line = {"model": OLLAMA_MODEL, "created_at": "2026-12-03T10:00:00Z", "response": piece, "done": False}
+            await resp.write(orjson.dumps(line) + b"\n")
+        end = {"model": OLLAMA_MODEL, "created_at": "2026-12-03T10:00:00Z", "response": "", "done": True,
+               "done_reason": "stop", "prompt_eval_count": 12, "prompt_eval_duration": 2_000_000,
+               "eval_count": 3, "eval_duration": 3_000_000}  # fmt: skip
+        await resp.write(orjson.dumps(end) + b"\n")
+        await resp.write_eof()
+        return resp
+
+
+async def test_an_ollama_shaped_upstream_serves_every_dialect_through_its_native_api(
+    make_proxy: ProxyFactory, aiohttp_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    ollama = OllamaShaped(context=1024)
+    upstream = await aiohttp_server(ollama.app())
+    with caplog.at_level(logging.INFO, "mellum_proxy"):
+        proxy = await make_proxy(upstream=str(upstream.make_url("")), reuse=False)
+    found = "kind ollama, model mellum:4b, 1024 tokens per request"
+    assert any(found in message for message in caplog.messages), caplog.messages
+    for path, body in BODIES.items():
+        for stream in (False, True):
+            resp = await proxy.post(path, json={**body, "stream": stream})
+            raw = await resp.read()
+            assert resp.status == 200, (path, raw)
+            assert answer_text(raw) == "x = 1", (path, stream, raw)
+    assert ollama.openai_completions == 0  # never through the templating OpenAI endpoint
+    assert {payload["model"] for payload in ollama.generate} == {OLLAMA_MODEL}
+    assert all(payload["raw"] is True and "suffix" not in payload for payload in ollama.generate)
+    long = {"prompt": "".join(f"x_{i} = {i}\n" for i in range(2000)), "suffix": "\n"}
+    assert (await proxy.post("/v1/completions", json=long)).status == 200
+    assert ollama.truncated == 0  # fitted to the loaded context, not the proxy's 2,048
+    assert "x_1999 = 1999\n" in ollama.generate[-1]["prompt"]
+
+
+async def test_default_temperature_fills_in_only_what_the_client_left_out(
+    make_proxy: ProxyFactory, aiohttp_server: Any
+) -> None:
+    """llama.vim and llama.vscode send no temperature; Ollama would then sample at its own default."""
+    ollama = OllamaShaped()
+    upstream = await aiohttp_server(ollama.app())
+    proxy = await make_proxy(upstream=str(upstream.make_url("")), default_temperature=0.2, reuse=False)
+    assert (await proxy.post("/infill", json={"input_prefix": "a = ", "input_suffix": ""})).status == 200
+    assert (await proxy.post("/infill", json={"input_prefix": "b = ", "temperature": 0.9})).status == 200
+    assert [payload["options"].get("temperature") for payload in ollama.generate] == [0.2, 0.9]
+    fake = FakeUpstream()
+    openai = await aiohttp_server(fake.app())
+    plain = await make_proxy(upstream=str(openai.make_url("")), tokenizer="chars", reuse=False)
+    assert (await plain.post("/infill", json={"input_prefix": "a = "})).status == 200
+    assert "temperature" not in fake.payloads[-1]  # unset: the server's own default
+
+
+async def test_an_ollama_error_line_mid_stream_ends_the_answer_in_the_clients_shape(
+    make_proxy: ProxyFactory, aiohttp_server: Any
+) -> None:
+    async def generate(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        first, error = (
+            b'{"model":"m","response":"x","done":false}\n',
+            b'{"error":"llama runner process has terminated"}\n',
+        )
+        await resp.write(first + error)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/api/generate", generate)
+    upstream = await aiohttp_server(app)
+    proxy = await make_proxy(upstream=str(upstream.make_url("")), upstream_kind="ollama", upstream_model="m",
+                             tokenizer="chars", reuse=False)  # fmt: skip
+    resp = await proxy.post("/api/generate", json={"prompt": "def f(", "stream": True})
+    lines = [orjson.loads(line) for line in (await resp.read()).splitlines()]
+    assert lines[0]["response"] == "x"
+    assert "llama runner process has terminated" in str(lines) and lines[-1]["done"] is True
+    resp = await proxy.post("/v1/completions", json={"prompt": "def f("})
+    assert resp.status == 502 and "terminated" in (await resp.json())["error"]["message"]
+
+
+def lmstudio_shaped(fake: FakeUpstream) -> web.Application:
+    """LM Studio (lmstudio-ai/docs `1_developer/2_rest/list.md`, `openai-compat`): `/v1/models` lists every
+    downloaded model, owned by `organization_owner`; `/api/v1/models` says which is loaded, with its
+    `loaded_instances[].config.context_length`; completions are OpenAI's."""
+    app = fake.app()
+
+    async def models(request: web.Request) -> web.Response:
+        data = [{"id": name, "object": "model", "owned_by": "organization_owner"}
+                for name in ("mellum-4b-base", "qwen2.5-coder-7b")]  # fmt: skip
+        return web.json_response({"object": "list", "data": data})
+
+    async def native(request: web.Request) -> web.Response:
+        loaded = [{"id": "mellum-4b-base", "config": {"context_length": 1536}}]
+        return web.json_response({"models": [
+            {"type": "llm", "key": "mellum-4b-base", "loaded_instances": loaded, "max_context_length": 8192},
+            {"type": "llm", "key": "qwen2.5-coder-7b", "loaded_instances": [], "max_context_length": 32768},
+        ]})  # fmt: skip
+
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/api/v1/models", native)
+    return app
+
+
+async def test_an_lmstudio_shaped_upstream_gets_its_loaded_model_and_context(
+    make_proxy: ProxyFactory, aiohttp_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = FakeUpstream(slots=None)
+    upstream = await aiohttp_server(lmstudio_shaped(fake))
+    with caplog.at_level(logging.INFO, "mellum_proxy"):
+        proxy = await make_proxy(upstream=str(upstream.make_url("")), tokenizer="chars", reuse=False)
+    assert any("kind lmstudio, model mellum-4b-base, 1536 tokens per request" in m for m in caplog.messages)
+    for path, body in BODIES.items():
+        resp = await proxy.post(path, json=body)
+        assert resp.status == 200 and answer_text(await resp.read()) == "t0 t1 t2 t3 ", path
+    assert {payload["model"] for payload in fake.payloads} == {"mellum-4b-base"}
+
+
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        "[SUFFIX]\n    return total\n[PREFIX]def add(a, b):\n    total = ",  # codestral
+        "<fim_prefix>def add(a, b):\n    total = <fim_suffix>\n    return total\n<fim_middle>",  # starcoder
+    ],
+)
+async def test_twinnys_prerendered_prompt_is_parsed_back(
+    make_proxy: ProxyFactory, fake_upstream: Any, rendered: str
+) -> None:
+    """Twinny's Ollama FIM body (src/extension/provider-options.ts `createStreamRequestBodyFim`: model,
+    prompt rendered with its template, stream, keep_alive, options {temperature, num_predict})."""
+    fake, url = await fake_upstream(tokens=2)
+    proxy = await make_proxy(upstream=url, tokenizer="chars", reuse=False)
+    body = {"model": "mellum", "prompt": rendered, "stream": True, "keep_alive": "5m",
+            "options": {"temperature": 0.2, "num_predict": 128}}  # fmt: skip
+    resp = await proxy.post("/api/generate", json=body)
+    assert resp.status == 200 and answer_text(await resp.read()) == "t0 t1 "
+    sent = fake.payloads[-1]["prompt"]  # the served model's own (Mellum) layout, suffix first
+    assert sent.endswith("<fim_suffix>\n    return total\n<fim_prefix>def add(a, b):\n    total = <fim_middle>")
+    assert "[SUFFIX]" not in sent and sent.count("<fim_prefix>") == 1

@@ -1,14 +1,19 @@
 -- minuet-ai.nvim (init.lua): completion through mellum-proxy's OpenAI FIM endpoint.
--- api_key names an environment variable; TERM is always set and the proxy needs no key.
+-- api_key names an environment variable: ${api_key_env}${api_key_note}.
+-- The virtual-text frontend with auto_trigger_ft is what asks for completions as you type (without a
+-- frontend that auto-triggers, minuet completes only on demand).
 require('minuet').setup {
   provider = 'openai_fim_compatible',
   n_completions = 1,
   request_timeout = ${timeout_s},
   throttle = ${debounce_ms},
   debounce = ${debounce_ms},
+  virtualtext = {
+    auto_trigger_ft = { '*' },
+  },
   provider_options = {
     openai_fim_compatible = {
-      api_key = 'TERM',
+      api_key = '${api_key_env}',
       name = 'mellum-proxy',
       end_point = '${base_url}/v1/completions',
       model = 'mellum',
