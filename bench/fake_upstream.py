@@ -31,6 +31,9 @@ class FakeUpstream:
         self.slots = slots
         self.gate: asyncio.Event | None = None  # an Event: requests wait for it before the first token
         self.payloads: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each completion request's headers
+        self.fail_status: int | None = None  # when set, completions are answered with this status
+        self.healthy = True  # `/health` answers 503 when False
         self.active = 0
         self.max_active = 0
         self.completed = 0
@@ -60,11 +63,17 @@ class FakeUpstream:
         return web.json_response({"total_slots": self.slots})
 
     async def _health(self, request: web.Request) -> web.Response:
+        if not self.healthy:
+            return web.json_response({"error": {"code": 503, "message": "Loading model"}}, status=503)
         return web.json_response({"status": "ok"})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         payload = await request.json()
         self.payloads.append(payload)
+        self.headers.append(dict(request.headers))
+        if self.fail_status is not None:
+            await self._notify()
+            return web.json_response({"error": {"message": "worker failed"}}, status=self.fail_status)
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         await self._notify()

@@ -24,7 +24,10 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         default = field.default
         help_text = f"{field.description} [default: {default}]"
-        if field.annotation is bool:
+        if "tuple[str, ...]" in str(field.annotation):  # a repeatable flag
+            parser.add_argument(flag, dest=name, action="append", default=argparse.SUPPRESS, metavar=name.upper(),
+                                help=help_text)  # fmt: skip
+        elif field.annotation is bool:
             parser.add_argument(
                 flag,
                 dest=name,

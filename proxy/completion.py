@@ -284,6 +284,7 @@ class CompletionService:
         finally:
             timed_out = ticket is not None and ticket.scope.cancel_called and not ticket.superseded
             self._leave(flight, timed_out=timed_out and record.ttft_ms is None)
+            completion.served_by = flight.completion.served_by
         if flight.error is not None:
             raise flight.error
         record.upstream_status = 200
@@ -339,6 +340,9 @@ class CompletionService:
                         break  # the prefill is in the cache: that is all it was kept for
                 else:
                     finished = True
+            served_by = getattr(self.upstream, "served_by", None)
+            if served_by is not None:
+                completion.served_by = served_by(request.id)
             prompt_tokens = (completion.usage or {}).get("prompt_tokens")
             if finished and isinstance(prompt_tokens, int):
                 self.budget.observe(prompt.prompt, prompt_tokens)  # calibrates the `chars` estimate

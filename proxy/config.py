@@ -8,14 +8,16 @@ in `Settings.settings_customise_sources`.
 from __future__ import annotations
 
 import contextvars
+import getpass
 import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -40,6 +42,21 @@ def redact_url(url: str) -> str:
     return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
 
 
+def login_name() -> str:
+    """The developer's login name (the default routing key), or `developer` when it cannot be read."""
+    try:
+        return getpass.getuser() or "developer"
+    except (KeyError, OSError):  # no name for this uid (a container)
+        return "developer"
+
+
+def _listed(value: Any) -> Any:
+    """A list setting from one string (the environment, a TOML string): comma-separated values."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
 def upstream_base_url(url: str) -> str:
     """A server's base URL as the proxy uses it: no trailing slash, and no trailing `/v1`."""
     return url.strip().rstrip("/").removesuffix("/v1")
@@ -55,9 +72,9 @@ class Settings(BaseSettings):
     auth_token: str | None = Field(
         None, min_length=8, description="When set, every request must carry `Authorization: Bearer TOKEN`."
     )
-    upstream: str = Field(
-        "http://127.0.0.1:8000",
-        description="Base URL of the OpenAI-compatible model server (a trailing /v1 is accepted).",
+    upstream: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("http://127.0.0.1:8000",),
+        description="Base URL of the model server (a trailing /v1 is accepted); repeat it for fallbacks, in order.",
     )
     upstream_api_key: str | None = Field(
         None, description="Sent to the upstream as `Authorization: Bearer KEY` (vLLM --api-key, LM Studio, a router)."
@@ -68,7 +85,24 @@ class Settings(BaseSettings):
     upstream_kind: Literal["auto", "llama.cpp", "vllm", "ollama", "lmstudio", "openai"] = Field(
         "auto", description="What the upstream is (auto: told apart by what it answers)."
     )
-    embedded: bool = Field(False, description="Start an in-process llama.cpp server and use it as upstream.")
+    upstream_header: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="NAME=VALUE sent on every upstream request (a gateway token, an llm-d objective); repeatable."
+    )
+    routing_key: Literal["developer", "session", "none"] = Field(
+        "developer", description="What keys a router's sticky routing: the developer, the editor session, or none."
+    )
+    routing_key_header: str = Field(
+        "X-Session-Id", min_length=1, description="Header the routing key goes in (vllm-router's consistent hashing)."
+    )
+    developer_id: str = Field(
+        default_factory=login_name, min_length=1, description="This developer's routing key (default: login name)."
+    )
+    health_interval_ms: int = Field(
+        1000, ge=50, description="With several upstreams: how often each one's health is checked."
+    )
+    embedded: bool = Field(
+        False, description="Start an in-process llama.cpp server: the upstream, or the last fallback after --upstream."
+    )
     model: Path | None = Field(None, description="GGUF for --embedded (default: the packaged gemma-3-270m).")
     embedded_ctx_tokens: int = Field(4096, ge=256, description="Embedded server's total context (all slots).")
     embedded_slots: int = Field(2, ge=1, le=64, description="Embedded server's parallel slots.")
@@ -155,12 +189,34 @@ class Settings(BaseSettings):
         template_for(value)  # raises ValueError with the known names
         return value
 
-    @field_validator("upstream")
+    @field_validator("upstream", mode="before")
     @classmethod
-    def _normalize_upstream(cls, value: str) -> str:
-        if not value.strip().startswith(("http://", "https://")):
-            raise ValueError("expected an http:// or https:// URL")
-        return upstream_base_url(value)
+    def _normalize_upstream(cls, value: Any) -> Any:
+        value = _listed(value)
+        if not isinstance(value, list | tuple):
+            return value
+        if not value:
+            raise ValueError("expected at least one URL")
+        for url in value:
+            if not isinstance(url, str) or not url.strip().startswith(("http://", "https://")):
+                raise ValueError("expected an http:// or https:// URL")
+        return tuple(upstream_base_url(url) for url in value)
+
+    @field_validator("upstream_header", mode="before")
+    @classmethod
+    def _check_headers(cls, value: Any) -> Any:
+        value = _listed(value)
+        for item in value if isinstance(value, list | tuple) else ():
+            name, sep, _ = str(item).partition("=")
+            name = name.strip()
+            if not sep or not name or any(c in name for c in " :\r\n"):
+                raise ValueError(f"expected NAME=VALUE, got {item!r}")
+        return value
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """`upstream_header` as a mapping."""
+        return dict(tuple(part.strip() for part in item.partition("=")[::2]) for item in self.upstream_header)
 
     @property
     def dispatch_rule(self) -> str:
@@ -172,7 +228,8 @@ class Settings(BaseSettings):
     def shown(self) -> dict[str, Any]:
         """The settings as `/status` shows them: no secret, no credential in a URL."""
         values = self.model_dump(mode="json")
-        values["upstream"] = redact_url(self.upstream)
+        values["upstream"] = [redact_url(url) for url in self.upstream]
+        values["upstream_header"] = [f"{name}=***" for name in self.headers]
         values["auth_token"] = "***" if self.auth_token else None
         values["upstream_api_key"] = "***" if self.upstream_api_key else None
         return values

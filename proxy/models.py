@@ -148,6 +148,7 @@ class Completion:
     chunks: int = 0
     truncated: bool = False  # the context budget cut the prompt
     upstream_id: str | None = None  # the upstream's own id for it, if it gave one
+    served_by: str | None = None  # which upstream answered (of several; `proxy.upstream.failover`)
     _pieces: list[Chunk] = field(default_factory=list, repr=False)
 
     @property

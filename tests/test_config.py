@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from proxy.config import Settings, SettingsError, load_settings
 
@@ -17,7 +18,7 @@ def write(path: Path, text: str) -> Path:
 def test_defaults() -> None:
     settings = load_settings()
     assert settings.listen == "127.0.0.1:8011"
-    assert settings.upstream == "http://127.0.0.1:8000"
+    assert settings.upstream == ("http://127.0.0.1:8000",)
     assert settings.max_body_bytes == 4 * 1024 * 1024
 
 
@@ -40,7 +41,33 @@ def test_default_config_file_is_read_when_present(tmp_path: Path, monkeypatch: p
 
 
 def test_upstream_trailing_v1_is_accepted() -> None:
-    assert Settings(upstream="http://localhost:8080/v1/").upstream == "http://localhost:8080"
+    assert Settings(upstream="http://localhost:8080/v1/").upstream == ("http://localhost:8080",)
+
+
+def test_upstreams_in_order_from_every_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--upstream` repeated, a comma-separated environment variable, a TOML string or list."""
+    from proxy.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--upstream", "http://router:8000/v1", "--upstream", "http://b:1"])
+    assert load_settings({"upstream": args.upstream}).upstream == ("http://router:8000", "http://b:1")
+    monkeypatch.setenv("MELLUM_PROXY_UPSTREAM", "http://a:1, http://b:2")
+    assert load_settings().upstream == ("http://a:1", "http://b:2")
+    monkeypatch.delenv("MELLUM_PROXY_UPSTREAM")
+    listed = write(tmp_path / "l.toml", 'upstream = ["http://a:1", "http://b:2"]\n')
+    assert load_settings(config_file=listed).upstream == ("http://a:1", "http://b:2")
+    for bad in ([], ["ftp://a"], "http://a:1, router"):
+        with pytest.raises(ValidationError):
+            Settings(upstream=bad)
+
+
+def test_upstream_headers_and_routing_key() -> None:
+    settings = Settings(upstream_header=["x-gateway-inference-objective=critical", "X-Team = core"])
+    assert settings.headers == {"x-gateway-inference-objective": "critical", "X-Team": "core"}
+    assert settings.shown()["upstream_header"] == ["x-gateway-inference-objective=***", "X-Team=***"]
+    assert settings.routing_key == "developer" and settings.routing_key_header == "X-Session-Id"
+    assert settings.developer_id  # the login name
+    with pytest.raises(ValidationError, match="NAME=VALUE"):
+        Settings(upstream_header=["no-value"])
 
 
 def test_unknown_toml_key_names_it(tmp_path: Path) -> None:

@@ -48,7 +48,8 @@ def run_service(args: argparse.Namespace) -> None:
         if not config.exists():  # the service must not depend on the shell's environment
             settings = _settings(None)
             config.parent.mkdir(parents=True, exist_ok=True)
-            config.write_text(f'listen = "{settings.listen}"\nupstream = "{settings.upstream}"\n')
+            upstreams = ", ".join(f'"{url}"' for url in settings.upstream)
+            config.write_text(f'listen = "{settings.listen}"\nupstream = [{upstreams}]\n')
             print(f"wrote {config}")
         else:
             _settings(config)  # refuse to install a service that would fail on its settings

@@ -15,6 +15,7 @@ from proxy.http.keys import (
     SETTINGS,
     TELEMETRY,
     UPSTREAM,
+    UPSTREAMS,
 )
 from proxy.http.server import serve, serve_app
 
@@ -28,6 +29,7 @@ __all__ = [
     "SETTINGS",
     "TELEMETRY",
     "UPSTREAM",
+    "UPSTREAMS",
     "build_app",
     "serve",
     "serve_app",

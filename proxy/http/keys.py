@@ -14,9 +14,11 @@ from proxy.http.probes import UpstreamProbes
 from proxy.telemetry import RecentRecords, Telemetry
 from proxy.upstream import UpstreamClient
 from proxy.upstream.embedded import EmbeddedServer
+from proxy.upstream.failover import Upstreams
 
 SETTINGS = web.AppKey("settings", Settings)
-UPSTREAM = web.AppKey("upstream", UpstreamClient)
+UPSTREAM = web.AppKey("upstream", UpstreamClient)  # the primary upstream (what the probes ask)
+UPSTREAMS = web.AppKey("upstreams", Upstreams)  # all of them, in order: the one serving answers
 SERVICE = web.AppKey("service", CompletionService)
 POLICIES = web.AppKey("policies", Policies)
 RECORDS = web.AppKey("records", RecentRecords)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -32,6 +32,7 @@ from proxy.http.keys import (
     SETTINGS,
     TELEMETRY,
     UPSTREAM,
+    UPSTREAMS,
 )
 from proxy.http.probes import UpstreamProbes
 from proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
@@ -39,6 +40,7 @@ from proxy.policies.reuse import ReuseCache
 from proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetrics, Telemetry
 from proxy.upstream import UpstreamClient
 from proxy.upstream.embedded import EmbeddedServer, packaged_model
+from proxy.upstream.failover import Upstreams
 from proxy.upstream.kinds import discover
 
 log = logging.getLogger("mellum_proxy")
@@ -93,20 +95,24 @@ async def telemetry(app: web.Application) -> AsyncIterator[None]:
 async def upstream_client(app: web.Application) -> AsyncIterator[None]:
     """The upstream session, and what is built on it: policies, context budget, the service."""
     settings = app[SETTINGS]
-    base_url = app[EMBEDDED].url if EMBEDDED in app else settings.upstream
+    urls = upstream_urls(settings, app[EMBEDDED].url if EMBEDDED in app else None)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.upstream_connect_timeout_ms / 1000)
     connector = aiohttp.TCPConnector(limit=0)  # concurrency is the policies' job, not the pool's
     key = settings.upstream_api_key
-    headers = {"Authorization": f"Bearer {key}"} if key else None  # on every upstream request, pass-through too
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:
-        upstream = UpstreamClient(session, str(base_url))
-        upstream.model = settings.upstream_model
+    headers = dict(settings.headers)  # on every upstream request, pass-through too
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers or None) as session:
+        clients = [upstream_client_for(session, url, settings) for url in urls]
+        upstream = clients[0]  # the primary: what the probes ask; the others are its fallbacks
         upstream.native_ollama = settings.upstream_kind == "ollama"
-        if settings.default_temperature is not None:
-            upstream.defaults["temperature"] = settings.default_temperature
         app[UPSTREAM] = upstream
+        pool = app[UPSTREAMS] = Upstreams(clients)
         telemetry = app[TELEMETRY]
-        found = await discover(upstream, settings.upstream_kind) if await upstream.reachable() else None
+        reachable = await asyncio.gather(*(client.reachable() for client in clients))
+        for member, up in zip(pool.members, reachable, strict=True):
+            member.up = up or len(clients) == 1
+        found = await discover(upstream, settings.upstream_kind) if reachable[0] else None
         slots = found.slots if found is not None and settings.max_concurrency == 0 else None
         known = settings.max_concurrency != 0 or slots is not None
         policies = app[POLICIES] = build_policies(settings, slots, telemetry.clock)
@@ -119,9 +125,11 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
             gpu_total=lambda: gpu.latest.total_bytes if gpu.latest and gpu.source == "nvml" else None,
             log_errors=lambda: sum(sink.errors for sink in telemetry.sinks()),
             log_dropped=lambda: sum(sink.dropped for sink in telemetry.sinks()),
+            upstreams=pool.status,
         )
         budget = ContextBudget(budget_settings(settings), await build_counter(settings, upstream))
-        model = (app[EMBEDDED].model or packaged_model()) if EMBEDDED in app else None
+        embedded_first = EMBEDDED in app and urls[0] == app[EMBEDDED].url
+        model = (app[EMBEDDED].model or packaged_model()) if embedded_first else None
         probes = app[PROBES] = UpstreamProbes(settings, upstream, policies, budget, model, slots_known=known)
         if found is not None:
             probes.apply(found)
@@ -131,13 +139,57 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
         if template is None:
             log.warning("fim_template=none sends the text after the cursor as `suffix`: vLLM and llama.cpp "
                         "builds that list it as unsupported answer 400; prefer the model's template")  # fmt: skip
-        app[SERVICE] = CompletionService(upstream, policies, budget, telemetry)
-        task = asyncio.create_task(probes.run(), name="upstream-probes")
+        app[SERVICE] = CompletionService(pool, policies, budget, telemetry)
+        tasks = [asyncio.create_task(probes.run(), name="upstream-probes")]
+        if len(clients) > 1:
+            pool.on_up = fallback_discovery(settings, budget)
+            for client, up in zip(clients[1:], reachable[1:], strict=True):
+                if up:
+                    await pool.on_up(client)
+            log.info("upstreams in order: %s; health checked every %d ms",
+                     ", ".join(c.shown_url for c in clients), settings.health_interval_ms)  # fmt: skip
+            tasks.append(asyncio.create_task(pool.watch(settings.health_interval_ms / 1000), name="upstream-health"))
         try:
             yield
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def upstream_urls(settings: Settings, embedded_url: str | None) -> list[str]:
+    """The upstreams in order: the embedded server alone, or after the `upstream`s the user set."""
+    if embedded_url is None:
+        return list(settings.upstream)
+    if "upstream" not in settings.model_fields_set:
+        return [embedded_url]
+    return [*settings.upstream, embedded_url]
+
+
+def upstream_client_for(session: aiohttp.ClientSession, url: str, settings: Settings) -> UpstreamClient:
+    client = UpstreamClient(session, url)
+    client.model = settings.upstream_model
+    if settings.default_temperature is not None:
+        client.defaults["temperature"] = settings.default_temperature
+    if settings.routing_key != "none":
+        client.routing_header = settings.routing_key_header
+        client.developer_id = settings.developer_id
+        client.route_sessions = settings.routing_key == "session"
+    return client
+
+
+def fallback_discovery(settings: Settings, budget: ContextBudget) -> Callable[[UpstreamClient], Awaitable[None]]:
+    """What a fallback upstream says when it is (again) up: its model, and a context the budget must fit."""
+
+    async def discover_fallback(client: UpstreamClient) -> None:
+        found = await discover(client)
+        if settings.upstream_model is None and found.model is not None:
+            client.model = found.model
+        if found.context is not None:
+            budget.clamp(found.context)
+        log.info("fallback upstream %s: %s", client.shown_url, found.describe())
+
+    return discover_fallback
 
 
 def build_policies(settings: Settings, slots: int | None = None, clock: Clock = LOOP_CLOCK) -> Policies:

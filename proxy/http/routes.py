@@ -17,7 +17,7 @@ from proxy.dialects.openai import DONE, sse
 from proxy.errors import InvalidRequestError, ProxyError
 from proxy.http.answer import HttpAnswer
 from proxy.http.guard import check_host
-from proxy.http.keys import POLICIES, RECORDED, RECORDS, ROUTES, SERVICE, SETTINGS, STARTED, TELEMETRY, UPSTREAM
+from proxy.http.keys import POLICIES, RECORDED, RECORDS, ROUTES, SERVICE, SETTINGS, STARTED, TELEMETRY, UPSTREAMS
 from proxy.http.middleware import request_id
 from proxy.telemetry import GpuSampler
 from proxy.telemetry.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
@@ -73,7 +73,7 @@ class _Discovery:
         self.max_context_tokens = app[SETTINGS].max_context_tokens
 
     async def model_ids(self) -> list[str]:
-        return await self.app[UPSTREAM].model_ids()
+        return await self.app[UPSTREAMS].model_ids()
 
 
 def discovery_handler(route: DiscoveryRoute) -> Handler:
@@ -99,7 +99,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     silence_s = request.app[SETTINGS].passthrough_timeout_ms / 1000
     if request.method == "GET":  # a model list is one small read: a server silent this long is stalled
         silence_s = min(silence_s or GET_SILENCE_S, GET_SILENCE_S)
-    async with relay(request.app[UPSTREAM], request.method, request.path, body, content_type, silence_s) as answer:
+    upstream = request.app[UPSTREAMS].client  # the one serving now
+    async with relay(upstream, request.method, request.path, body, content_type, silence_s) as answer:
         if answer.content_type != "text/event-stream":
             whole = b"".join([data async for data in answer.body])
             out = web.Response(status=answer.status, body=whole, content_type=answer.content_type)
@@ -124,7 +125,7 @@ def _dumps(value: Any) -> str:
 
 
 async def health(request: web.Request) -> web.Response:
-    upstream = request.app[UPSTREAM]
+    upstream = request.app[UPSTREAMS].client  # the one serving
     reachable = await upstream.reachable()
     body = {
         "status": "ok" if reachable else "unavailable",
@@ -149,7 +150,8 @@ async def status(request: web.Request) -> web.Response:
     body = {
         "version": __version__,
         "settings": app[SETTINGS].shown(),
-        "upstream": {"url": app[UPSTREAM].shown_url, "max_concurrency": policies.admission.limit},
+        "upstream": {"url": app[UPSTREAMS].shown_url, "max_concurrency": policies.admission.limit},
+        "upstreams": app[UPSTREAMS].status(),
         "inflight": policies.admission.running,
         "tasks": len(asyncio.all_tasks()),  # for leak checks (`bench soak`)
         "queued": policies.admission.depth,

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.http.app import build_app
-from proxy.http.keys import UPSTREAM
+from proxy.http.keys import UPSTREAMS
 
 ACCEPT_AFTER_STOP_S = 0.2  # requests sent just before the signal still arrive in this window
 
@@ -49,7 +49,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     app = build_app(settings)
     try:
         async with serve_app(app, settings.listen_host, settings.listen_port, settings.shutdown_timeout_s):
-            upstream = app[UPSTREAM].shown_url
+            upstream = " then ".join(member.client.shown_url for member in app[UPSTREAMS].members)
             print(f"mellum-proxy listening on http://{settings.listen} -> upstream {upstream}", flush=True)
             if not settings.loopback_only:
                 reach = "with --auth-token required" if settings.auth_token else "WITHOUT a token (set --auth-token)"

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -32,6 +33,7 @@ class ProxyMetrics:
         gpu_total: Callable[[], int | None],
         log_errors: Callable[[], int] = lambda: 0,
         log_dropped: Callable[[], int] = lambda: 0,
+        upstreams: Callable[[], list[dict[str, Any]]] = list,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -65,6 +67,7 @@ class ProxyMetrics:
         )
 
         r.register(_LogCounters(log_errors, log_dropped))
+        r.register(_UpstreamMetrics(upstreams))
 
     def observe(self, record: RequestRecord) -> None:
         self._by_outcome[record.outcome or Outcome.CLIENT_GONE].inc()
@@ -90,6 +93,30 @@ class _LogCounters(Collector):
         yield CounterMetricFamily(
             "mellum_proxy_log_dropped", "Request-log lines dropped while it could not be written.", value=self.dropped()
         )
+
+
+class _UpstreamMetrics(Collector):
+    """Per upstream (`Upstreams.status()`): completions served and failed over, whether it is up and serving."""
+
+    def __init__(self, upstreams: Callable[[], list[dict[str, Any]]]) -> None:
+        self.upstreams = upstreams
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        members = self.upstreams()
+        requests = CounterMetricFamily(
+            "mellum_proxy_upstream_requests", "Completions per upstream: served, or failed before their first token "
+            "(and sent on to the next upstream).", labels=["upstream", "result"],
+        )  # fmt: skip
+        up = GaugeMetricFamily("mellum_proxy_upstream_up", "1 while the upstream is up.", labels=["upstream"])
+        serving = GaugeMetricFamily(
+            "mellum_proxy_upstream_serving", "1 for the upstream serving now.", labels=["upstream"]
+        )
+        for member in members:
+            requests.add_metric([member["url"], "served"], member["served"])
+            requests.add_metric([member["url"], "failed"], member["failed"])
+            up.add_metric([member["url"]], 1.0 if member["up"] else 0.0)
+            serving.add_metric([member["url"]], 1.0 if member["serving"] else 0.0)
+        yield from (requests, up, serving)
 
 
 def _or_nan(read: Callable[[], int | None]) -> Callable[[], float]:

@@ -46,6 +46,8 @@ class RequestRecord:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     upstream_status: int | None = None
+    upstream: str | None = None  # which upstream answered, when there are several (or one)
+    model: str | None = None  # the model the answer names (a router's workers can be told apart by it)
     prompt_tokens_before: int | None = None
     prompt_tokens_after: int | None = None
     truncated: bool | None = None
@@ -87,6 +89,11 @@ class RequestRecord:
         self.completion_tokens = usage.get("completion_tokens")
         details = usage.get("prompt_tokens_details") or {}
         self.cached_tokens = details.get("cached_tokens")
+        if self.cached_tokens is None and completion.timings:  # llama.cpp's own: the prompt tokens it reused
+            cache_n = completion.timings.get("cache_n")
+            self.cached_tokens = cache_n if isinstance(cache_n, int) else None
+        self.upstream = completion.served_by
+        self.model = completion.model or None
         if self.content is not None:
             self.content["completion"] = completion.text
 

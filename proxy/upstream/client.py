@@ -74,7 +74,17 @@ class UpstreamClient:
         self.model: str | None = None  # the model name every completion names (`--upstream-model`, or found)
         self.native_ollama = False  # complete through Ollama's `/api/generate` (raw), not `/v1/completions`
         self.defaults: dict[str, Any] = {}  # parameters sent when the client sends none (`default_temperature`)
+        self.routing_header: str | None = None  # a router's sticky-routing header (`routing_key_header`)
+        self.developer_id = ""  # its value, unless `route_sessions`
+        self.route_sessions = False  # key by the editor session instead of the developer
         self._held_source: str | None = ""  # "": not probed yet; None: the server cannot say
+
+    def routing(self, request: NormalizedRequest | None = None) -> dict[str, str]:
+        """The routing-key header for a request (the developer's, or its session's), or none."""
+        if self.routing_header is None:
+            return {}
+        key = request.session if self.route_sessions and request is not None else self.developer_id
+        return {self.routing_header: key}
 
     async def held(self) -> int | None:
         """Requests the server holds now, running and queued (llama.cpp `/metrics` `requests_processing +
@@ -170,14 +180,16 @@ class UpstreamClient:
             UpstreamError: the upstream is unreachable, answered an error, or sent garbage.
         """
         if self.native_ollama:
+            headers = {**_JSON, **self.routing(request)} if self.routing_header else None
             body = orjson.dumps(ollama.generate_payload(request, prompt, self.model, self.defaults))
-            async with self.open("POST", ollama.GENERATE_PATH, body) as resp:
+            async with self.open("POST", ollama.GENERATE_PATH, body, headers) as resp:
                 async for batch in ollama.read_ndjson(resp.content.iter_any()):
                     yield batch
                 await _drain(resp)
             return
+        headers = {**_JSON, **self.routing(request)} if self.routing_header else None
         body = orjson.dumps(_payload(request, prompt, self.model, self.defaults))
-        async with self.open("POST", "/v1/completions", body) as resp:
+        async with self.open("POST", "/v1/completions", body, headers) as resp:
             if resp.content_type == "application/json":
                 yield [chunk_from_bytes(await resp.read())]
                 return

@@ -37,7 +37,8 @@ async def relay(
             (`UpstreamTimeoutError`; also while the body is read).
     """
     limit = aiohttp.ClientTimeout(total=None, sock_read=silence_s or None)
-    async with upstream.open(method, path, body, {"Content-Type": content_type}, limit) as resp:
+    headers = {"Content-Type": content_type, **upstream.routing()}
+    async with upstream.open(method, path, body, headers, limit) as resp:
         yield Relayed(resp.status, resp.content_type, resp.charset, _translated(upstream.shown_url + path, resp))
 
 
