@@ -42,6 +42,19 @@ def build_parser() -> Parser:
     replay.add_argument("--pause-ms", type=real(0), default=300, help="a gap this long is a pause [default: 300]")
     replay.add_argument("--max-gap-ms", type=real(0), default=2000, help="shorten longer gaps to this [default: 2000]")
     replay.add_argument("--max-tokens", type=POSITIVE, default=64, help="what the plugin asks for [default: 64]")
+    replay.add_argument("--developers", type=POSITIVE, default=1,
+                        help="replay the traces at once as this many developers, each with its own proxy "
+                             "(trace i for developer i, round robin) [default: 1: one after another]")  # fmt: skip
+
+    team = sub.add_parser("team", help="2 embedded workers behind vllm-router, 3 developers' proxies, failover")
+    team.add_argument("traces", nargs="*", type=Path, help="one per developer [default: the shipped traces, then "
+                      "synthetic typing of bench/code]")  # fmt: skip
+    team.add_argument("--router-bin", default="vllm-router", help="the vllm-router executable [default: on PATH]")
+    team.add_argument("--developers", type=POSITIVE, default=3, help="[default: 3]")
+    team.add_argument("--limit-events", type=POSITIVE, default=250, help="edits per developer [default: 250]")
+    team.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
+    team.add_argument("--health-interval-ms", type=POSITIVE, default=500, help="the proxies' [default: 500]")
+    team.add_argument("--out", type=Path, default=Path("bench/out/team"))
 
     convert = sub.add_parser("convert", help="josephg editing-traces, ProgSnap2 CSV or a proxy recording -> trace")
     convert.add_argument("source", type=Path)
@@ -222,7 +235,7 @@ def main(argv: list[str]) -> None:
 def run(args: argparse.Namespace) -> None:
     handlers = {"replay": _replay, "convert": _convert, "synth": _synth, "ladder": _ladder, "quality": _quality,
                 "report": _report, "overhead": _overhead, "budget": _budget,
-                "memory": _memory, "soak": _soak, "lab": _lab, "calibrate": _calibrate}  # fmt: skip
+                "memory": _memory, "soak": _soak, "lab": _lab, "calibrate": _calibrate, "team": _team}  # fmt: skip
     handlers[args.bench_command](args)
 
 
@@ -282,13 +295,77 @@ def _replay(args: argparse.Namespace) -> None:
     try:
         policies = [parse_policy(text) for text in args.policy]
         events: list[Event] = []
-        for path in args.traces:  # several traces play one after another
+        traces = [list(limited(load_trace(path), args.limit_events)) for path in args.traces]
+        for trace in traces:  # several traces play one after another
             offset = events[-1].t_ms + 2000 if events else 0
-            events += [replace(e, t_ms=e.t_ms + offset) for e in limited(load_trace(path), args.limit_events)]
+            events += [replace(e, t_ms=e.t_ms + offset) for e in trace]
     except (OSError, TraceError, ValueError) as exc:
         fail(str(exc))
     command = "mellum-proxy bench " + shlex.join(sys.argv[2:]) if len(sys.argv) > 2 else "mellum-proxy bench replay"
+    if args.developers > 1:
+        developers = [traces[i % len(traces)] for i in range(args.developers)]
+        asyncio.run(_run_developers(args, policies, developers, command))
+        return
     asyncio.run(_run_all(args, policies, events, command))
+
+
+async def _run_developers(
+    args: argparse.Namespace, policies: list[Any], developers: list[list[Event]], command: str
+) -> None:
+    from bench import report
+    from bench.team import developers_markdown, run_developers
+
+    results = []
+    async with upstream_for(args.upstream) as (url, described):
+        print(f"upstream: {described}; {len(developers)} developers at once, each with its own proxy")
+        for policy in policies:
+            group = await run_developers(policy, developers, url, args.pause_ms, args.max_gap_ms, args.max_tokens)
+            print(developers_markdown(group), end="")
+            results += group
+    notes = [f"upstream: {described}", f"{len(developers)} developers at once (trace i for developer i)"]
+    for path in report.write(results, args.out, command, notes):
+        print(f"wrote {path}")
+    with (args.out / "report.md").open("a") as sink:
+        sink.write("\n" + developers_markdown(results))
+
+
+def _team(args: argparse.Namespace) -> None:
+    import shutil
+
+    from bench.replay import parse_policy
+    from bench.synth import synthesize_file
+    from bench.team import run_team, team_report
+
+    router = shutil.which(args.router_bin) or args.router_bin
+    if not Path(router).is_file():
+        fail(f"vllm-router not found at {args.router_bin}: pip install vllm-router, or pass --router-bin PATH")
+    paths = args.traces or sorted(Path("bench/traces").glob("*.json.gz"))
+    try:
+        developers = [list(limited(load_trace(path), args.limit_events)) for path in paths][: args.developers]
+        sources = sorted(Path("bench/code").glob("inventory.*"))
+        for seed, source in enumerate(sources[: max(0, args.developers - len(developers))]):
+            developers.append(list(limited(synthesize_file(source, seed=seed), args.limit_events)))
+    except (OSError, TraceError, ValueError) as exc:
+        fail(str(exc))
+    if len(developers) < args.developers:
+        fail(f"{args.developers} developers need as many traces; found {len(developers)}")
+    policy = parse_policy("proxy")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "vllm-router.log").write_bytes(b"")
+    phases = asyncio.run(run_team(router, developers, policy, args.out, args.max_tokens, args.health_interval_ms))
+    names = [str(p) for p in paths][: args.developers] + [f"synthetic typing of {s}" for s in sources][
+        : max(0, args.developers - len(paths))
+    ]
+    notes = [
+        "workers: 2 embedded llama.cpp servers (gemma-3-270m Q4_K_M, 2 slots, 1 thread, swa_full for prefix reuse), "
+        "each behind a counting relay; router: vllm-router, health checked every 1 s; fallback: one more embedded "
+        "server, shared by the developers (on their own machines each has one)",
+        f"developers: {', '.join(names)} ({args.limit_events} edits each), proxies with default settings, "
+        f"--upstream ROUTER --upstream LOCAL, health every {args.health_interval_ms} ms",
+        "failed = the plugin saw an error or the proxy answered upstream_error",
+    ]
+    for path in team_report(phases, _command(), notes, args.out):
+        print(f"wrote {path}")
 
 
 async def _run_all(args: argparse.Namespace, policies: list[Any], events: list[Event], command: str) -> None:

@@ -83,7 +83,7 @@ async def proxy_for(policy: Policy, upstream: str) -> AsyncIterator[tuple[str, w
     if policy.settings is None:
         yield upstream, None
         return
-    settings = Settings(upstream=upstream, **policy.settings)  # type: ignore[arg-type]
+    settings = Settings(**{"upstream": upstream, **policy.settings})  # a policy may name its own upstreams
     app = build_app(settings)
     app[RECORDS] = RecentRecords(size=1 << 20)  # every record of the replay, not only the last 256
     async with serve_app(app) as url:
@@ -126,6 +126,12 @@ class PolicyResult:
     duration_s: float
     idle_wait_s: float | None = None  # how long the server took to be idle before this policy began
     predicted_chars: int | None = None  # of what the person typed next, how much the shown suggestions had
+    served_by: dict[str, int] = field(default_factory=dict)  # upstream requests answered, per upstream
+    upstream_errors: int = 0  # completions the proxy answered with an upstream error
+    record_prompt_tokens: int = 0  # prompt tokens of the answered requests (their usage)
+    record_cached_tokens: int = 0  # of which the server reused from its cache
+    # (arrival unix s, upstream that answered, outcome, total ms) of each request that reached the upstream
+    upstream_series: list[tuple[float, str | None, str, float]] = field(default_factory=list)
     inflight_series: list[tuple[float, float, float]] = field(default_factory=list)  # (s, running, queued)
     latencies_ms: list[float] = field(default_factory=list)
 
@@ -133,6 +139,7 @@ class PolicyResult:
         data = asdict(self)
         data.pop("inflight_series")
         data.pop("latencies_ms")
+        data.pop("upstream_series")
         return data
 
 
@@ -179,6 +186,12 @@ async def run_policy(
     upstream_requests = sum(r.reached_upstream for r in records) if app is not None else len(plugin.results)
     timeouts = sum(r.outcome == "timeout" for r in records) + sum(r.error == "TimeoutError" for r in plugin.results)
     peaks = [r.vram_peak_mib for r in records if r.vram_peak_mib is not None]
+    served_by: dict[str, int] = {}
+    for record in records:
+        if record.upstream is not None:
+            served_by[record.upstream] = served_by.get(record.upstream, 0) + 1
+    counted = [r for r in records if r.prompt_tokens is not None and r.cached_tokens is not None]
+    reached = [r for r in records if r.reached_upstream]
     return PolicyResult(
         policy=policy.name, edits=acct.edits, client_requests=acct.requests, upstream_requests=upstream_requests,
         shown=acct.shown, pauses=acct.pauses, pause_coverage=acct.pause_coverage,
@@ -191,6 +204,10 @@ async def run_policy(
         max_inflight=int(max([0, *(s[1] + s[2] for s in samples)])),
         vram_peak_mib=max(peaks) if peaks else None, duration_s=duration, inflight_series=samples,
         latencies_ms=acct.latencies_ms, idle_wait_s=idle_wait_s, predicted_chars=acct.predicted_chars,
+        served_by=served_by, upstream_errors=sum(r.outcome == "upstream_error" for r in records),
+        record_prompt_tokens=sum(r.prompt_tokens or 0 for r in counted),
+        record_cached_tokens=sum(r.cached_tokens or 0 for r in counted),
+        upstream_series=[(r.received_at, r.upstream, str(r.outcome), r.total_ms or 0.0) for r in reached],
     )  # fmt: skip
 
 

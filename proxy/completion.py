@@ -325,9 +325,12 @@ class CompletionService:
         sent_at = self.clock.now()
         finished = False
         self.sent_upstream += 1
+        served_by = getattr(self.upstream, "served_by", None)  # which of several upstreams answers
         try:
             async with aclosing(self.upstream.stream_completion(request, prompt)) as batches:
                 async for batch in batches:
+                    if served_by is not None and completion.served_by is None:
+                        completion.served_by = served_by(request.id)
                     has_text = False
                     for chunk in batch:
                         completion.add(chunk)
@@ -340,9 +343,8 @@ class CompletionService:
                         break  # the prefill is in the cache: that is all it was kept for
                 else:
                     finished = True
-            served_by = getattr(self.upstream, "served_by", None)
-            if served_by is not None:
-                completion.served_by = served_by(request.id)
+            if served_by is not None and completion.served_by is None:
+                completion.served_by = served_by(request.id)  # an answer without a chunk
             prompt_tokens = (completion.usage or {}).get("prompt_tokens")
             if finished and isinstance(prompt_tokens, int):
                 self.budget.observe(prompt.prompt, prompt_tokens)  # calibrates the `chars` estimate
