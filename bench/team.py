@@ -127,8 +127,8 @@ class Tap:
                                           data=await request.read()) as upstream:  # fmt: skip
             out = web.StreamResponse(status=upstream.status)
             out.content_type = upstream.content_type
-            await out.prepare(request)
             with contextlib.suppress(ConnectionResetError):  # the client (the router) went away
+                await out.prepare(request)
                 async for data in upstream.content.iter_any():
                     await out.write(data)
                 await out.write_eof()

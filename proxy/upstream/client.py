@@ -221,15 +221,18 @@ class UpstreamClient:
             raise UpstreamProtocolError(f"upstream {self.shown_url + path} sent non-JSON") from exc
 
     async def reachable(self, timeout_s: float = 1.0) -> bool:
-        """Whether the upstream answers: llama.cpp/vLLM `/health`, else `/v1/models`."""
+        """Whether the upstream can serve: llama.cpp/vLLM `/health`, else `/v1/models`.
+
+        A `/health` that is not ok is asked again through `/v1/models`: vllm-router answers `/health` 503
+        while any one of its workers is down, and still serves from the others (seen with 0.1.17); a
+        llama.cpp server still loading its model answers 503 on both.
+        """
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         for path in ("/health", "/v1/models"):
             try:
                 async with self.session.get(self.url(path), timeout=timeout) as resp:
                     if resp.status < 400:
                         return True
-                    if resp.status != 404:
-                        return False
             except (aiohttp.ClientError, TimeoutError):
                 return False
         return False
@@ -279,10 +282,19 @@ class UpstreamClient:
         return ids[0] if len(ids) == 1 else None
 
     async def model_ids(self) -> list[str]:
-        """Model ids from the upstream's OpenAI `/v1/models`."""
+        """Model ids from the upstream's `/v1/models`: OpenAI's `data[].id`, or the `models[].name` list
+        vllm-router 0.1.17 answers there."""
         models = await self.get_json("/v1/models")
-        data = models.get("data") if isinstance(models, dict) else None
-        return [str(m["id"]) for m in data or [] if isinstance(m, dict) and "id" in m]
+        if not isinstance(models, dict):
+            return []
+        if isinstance(models.get("data"), list):
+            return [str(m["id"]) for m in models["data"] if isinstance(m, dict) and "id" in m]
+        listed = models.get("models") if isinstance(models.get("models"), list) else []
+        return [
+            str(m.get("name") or m.get("model"))
+            for m in listed
+            if isinstance(m, dict) and (m.get("name") or m.get("model"))
+        ]
 
 
 LET_GO_POLL_S = 0.01

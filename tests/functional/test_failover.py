@@ -144,3 +144,42 @@ async def test_embedded_after_the_upstreams_is_the_last_fallback(tmp_path: Any) 
     assert upstream_urls(Settings(embedded=True), "http://127.0.0.1:5555") == ["http://127.0.0.1:5555"]
     team = Settings(embedded=True, upstream=["http://router:8000"])
     assert upstream_urls(team, "http://127.0.0.1:5555") == ["http://router:8000", "http://127.0.0.1:5555"]
+
+
+async def test_vllm_routers_model_list_names_the_model(make_proxy: ProxyFactory, aiohttp_server: Any) -> None:
+    """vllm-router 0.1.17 answers `/v1/models` with `{"models": [{"name": ...}]}`, not OpenAI's `data`
+    (seen running it in front of two llama.cpp workers for `bench team`)."""
+    fake = FakeUpstream()
+    app = fake.app()
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"models": [{"name": "gemma-3-270m-q4_k_m", "model": "gemma-3-270m-q4_k_m"}]})
+
+    app.router.add_get("/v1/models", models)
+    url = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+    proxy = await make_proxy(upstream=url, tokenizer="chars", reuse=False)
+    assert (await proxy.post("/v1/completions", json=BODY)).status == 200
+    assert fake.payloads[-1]["model"] == "gemma-3-270m-q4_k_m"
+
+
+async def test_a_router_with_one_worker_down_still_serves(
+    make_proxy: ProxyFactory, aiohttp_server: Any, fake_upstream: Any
+) -> None:
+    """vllm-router 0.1.17 answers `/health` 503 `Unhealthy servers: [...]` while one worker is down, and
+    goes on serving from the others: the proxy must not leave it for the fallback (seen in `bench team`)."""
+    fake = FakeUpstream()
+    fake.healthy = False  # /health: 503
+    app = fake.app()
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"models": [{"name": "m"}]})
+
+    app.router.add_get("/v1/models", models)
+    router_url = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+    local, local_url = await fake_upstream()
+    proxy = await make_proxy(upstream=[router_url, local_url], tokenizer="chars", reuse=False)
+    pool = proxy.app[UPSTREAMS]
+    await pool.check()
+    assert pool.members[0].up
+    assert (await proxy.post("/v1/completions", json=BODY)).status == 200
+    assert proxy.app[RECORDS].last().upstream == router_url and local.payloads == []
