@@ -362,7 +362,8 @@ def _team(args: argparse.Namespace) -> None:
         "server, shared by the developers (on their own machines each has one)",
         f"developers: {', '.join(names)} ({args.limit_events} edits each), proxies with default settings, "
         f"--upstream ROUTER --upstream LOCAL, health every {args.health_interval_ms} ms",
-        "failed = the plugin saw an error or the proxy answered upstream_error",
+        "failed = completions the proxy answered with upstream_error; cached share = cached / prompt tokens over the "
+        "requests that ran to their end (a cancelled stream carries no usage)",
     ]
     for path in team_report(phases, _command(), notes, args.out):
         print(f"wrote {path}")

@@ -23,7 +23,9 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         default = field.default
-        help_text = f"{field.description} [default: {default}]"
+        if isinstance(default, tuple):
+            default = ", ".join(default) or "none"
+        help_text = field.description if field.default_factory else f"{field.description} [default: {default}]"
         if "tuple[str, ...]" in str(field.annotation):  # a repeatable flag
             parser.add_argument(flag, dest=name, action="append", default=argparse.SUPPRESS, metavar=name.upper(),
                                 help=help_text)  # fmt: skip

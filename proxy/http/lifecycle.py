@@ -112,6 +112,7 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
         reachable = await asyncio.gather(*(client.reachable() for client in clients))
         for member, up in zip(pool.members, reachable, strict=True):
             member.up = up or len(clients) == 1
+            member.last_error = None if member.up else "not reachable at start"
         found = await discover(upstream, settings.upstream_kind) if reachable[0] else None
         slots = found.slots if found is not None and settings.max_concurrency == 0 else None
         known = settings.max_concurrency != 0 or slots is not None
