@@ -179,15 +179,14 @@ class UpstreamClient:
         Raises:
             UpstreamError: the upstream is unreachable, answered an error, or sent garbage.
         """
+        headers = {**_JSON, **self.routing(request)} if self.routing_header else None
         if self.native_ollama:
-            headers = {**_JSON, **self.routing(request)} if self.routing_header else None
             body = orjson.dumps(ollama.generate_payload(request, prompt, self.model, self.defaults))
             async with self.open("POST", ollama.GENERATE_PATH, body, headers) as resp:
                 async for batch in ollama.read_ndjson(resp.content.iter_any()):
                     yield batch
                 await _drain(resp)
             return
-        headers = {**_JSON, **self.routing(request)} if self.routing_header else None
         body = orjson.dumps(_payload(request, prompt, self.model, self.defaults))
         async with self.open("POST", "/v1/completions", body, headers) as resp:
             if resp.content_type == "application/json":
