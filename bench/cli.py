@@ -114,6 +114,11 @@ def build_parser() -> Parser:
     budget.add_argument("--keystrokes", type=POSITIVE, default=40, help="typed per file size [default: 40]")
     budget.add_argument("--replay", type=POSITIVE, default=300, help="keystrokes replayed [default: 300]")
     budget.add_argument("--out", type=Path, default=Path("bench/out/budget"))
+    first = sub.add_parser("first-run", help="a newcomer's `make run`: time to healthy, to the first completion, "
+                           "and what six completions show")  # fmt: skip
+    first.add_argument("--busy", type=INDEX, default=1, help="processes keeping a core busy meanwhile [default: 1]")
+    first.add_argument("--out", type=Path, default=Path("bench/out/first-run"))
+    first.add_argument("serve_args", nargs="*", help="extra `serve` flags, after --")
     memory = sub.add_parser("memory", help="the proxy's resident memory, idle and over many requests")
     memory.add_argument("--requests", type=POSITIVE, default=100_000, help="streaming requests [default: 100000]")
     memory.add_argument("--clients", type=POSITIVE, default=8, help="concurrent clients [default: 8]")
@@ -172,6 +177,13 @@ def _overhead(args: argparse.Namespace) -> None:
 
     result = asyncio.run(overhead.measure(args.requests, args.rounds, args.tokens, progress=print))
     _write(args.out, "overhead", result, overhead.render)
+
+
+def _first_run(args: argparse.Namespace) -> None:
+    from bench import first_run
+
+    result = asyncio.run(first_run.run(args.busy, extra=tuple(args.serve_args)))
+    _write(args.out, "first-run", result, lambda result, command: first_run.render(result))
 
 
 def _budget(args: argparse.Namespace) -> None:
@@ -234,7 +246,7 @@ def main(argv: list[str]) -> None:
 
 def run(args: argparse.Namespace) -> None:
     handlers = {"replay": _replay, "convert": _convert, "synth": _synth, "ladder": _ladder, "quality": _quality,
-                "report": _report, "overhead": _overhead, "budget": _budget,
+                "report": _report, "overhead": _overhead, "budget": _budget, "first-run": _first_run,
                 "memory": _memory, "soak": _soak, "lab": _lab, "calibrate": _calibrate, "team": _team}  # fmt: skip
     handlers[args.bench_command](args)
 
@@ -461,7 +473,7 @@ async def _run_ladder(args: argparse.Namespace, concurrencies: list[int]) -> Non
     from bench import ladder
     from bench.corpus import code_texts
     from bench.replay import proxy_for
-    from proxy.budget.tokenizers import UpstreamTokenizer
+    from proxy.budget.tokenizers import upstream_counter
     from proxy.errors import UpstreamError
     from proxy.telemetry import GpuSampler, NvmlBackend
     from proxy.upstream import UpstreamClient
@@ -476,7 +488,11 @@ async def _run_ladder(args: argparse.Namespace, concurrencies: list[int]) -> Non
         except ValueError:
             fail(f"--contexts takes numbers or short,mid,long, got '{args.contexts}'")
         async with aiohttp.ClientSession() as session:
-            counter = UpstreamTokenizer(UpstreamClient(session, url))
+            client = UpstreamClient(session, url)
+            model = await client.served_model()
+            counter = await upstream_counter(client, model)  # with each token's text, else by count
+            if counter is None:
+                fail("the server has no /tokenize to cut prompts to exact token counts with")
             try:
                 prompts = {n: await ladder.cut_to_tokens(code, n, counter) for n in contexts}
             except (UpstreamError, ValueError) as exc:
@@ -486,7 +502,7 @@ async def _run_ladder(args: argparse.Namespace, concurrencies: list[int]) -> Non
         async with proxy_for(_settings_policy(args), url) as (target, _):
             print(f"upstream: {described}; context limit {limit}; {'via proxy' if args.via_proxy else 'direct'}")
             cells = await ladder.run_ladder(target + "/v1/completions", prompts, concurrencies, args.repeat,
-                                            args.max_tokens, gpu, pid, progress=print)  # fmt: skip
+                                            args.max_tokens, gpu, pid, progress=print, model=model)  # fmt: skip
         gpu.close()
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"command": _command(), "upstream": described, "context_limit": limit, "via_proxy": args.via_proxy,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -24,8 +25,13 @@ class FakeUpstream:
         token_delay_s: float = 0.0,
         first_token_delay_s: float = 0.0,
         slots: int | None = 1,
+        pieces: list[str] | None = None,
+        stall_after: int | None = None,
     ) -> None:
         self.tokens = tokens
+        self.pieces = pieces  # the text of each token (default `t0 `, `t1 `, ...)
+        self.stall_after = stall_after  # after this many tokens, stream nothing more until the client leaves
+        self.count_prompt: Callable[[str], int] = lambda prompt: len(prompt) // 4  # the usage it reports
         self.token_delay_s = token_delay_s
         self.first_token_delay_s = first_token_delay_s
         self.slots = slots
@@ -87,7 +93,10 @@ class FakeUpstream:
             await self._notify()
 
     async def _answer(self, request: web.Request, payload: dict[str, Any]) -> web.StreamResponse:
-        n = min(self.tokens, int(payload.get("max_tokens") or self.tokens))
+        tokens = len(self.pieces) if self.pieces is not None else self.tokens
+        asked = int(payload.get("max_tokens") or 0)
+        n = min(tokens, asked or tokens)
+        finish = "length" if asked and n >= asked else "stop"  # it ran to the cap, or ended on its own
         ident, created = f"fake-{len(self.payloads)}", int(time.time())
         response: web.StreamResponse | None = None
         stream = bool(payload.get("stream"))
@@ -100,18 +109,20 @@ class FakeUpstream:
             await self.gate.wait()
         text = ""
         for i in range(n):
-            piece = f"t{i} "
+            if i == self.stall_after:
+                await asyncio.Event().wait()  # never set: a server that stalls mid-answer
+            piece = self.pieces[i] if self.pieces is not None else f"t{i} "
             text += piece
             self.sent_tokens += 1
             if response is not None:
                 await response.write(sse(text_completion(ident, created, "fake", piece, None)))
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
-        usage = {"prompt_tokens": len(str(payload.get("prompt", ""))) // 4, "completion_tokens": n}
+        usage = {"prompt_tokens": self.count_prompt(str(payload.get("prompt", ""))), "completion_tokens": n}
         self.completed += 1
         if response is None:
-            return web.json_response(text_completion(ident, created, "fake", text, "length", usage))
-        await response.write(sse(text_completion(ident, created, "fake", "", "length", usage)))
+            return web.json_response(text_completion(ident, created, "fake", text, finish, usage))
+        await response.write(sse(text_completion(ident, created, "fake", "", finish, usage)))
         await response.write(DONE)
         await response.write_eof()
         return response

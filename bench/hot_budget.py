@@ -154,12 +154,18 @@ async def replay(real: str, tokenizer: str, keystrokes: int) -> dict[str, Any]:
         for n in range(1, keystrokes + 1):
             body = {"prompt": before + typed[:n], "suffix": after, "max_tokens": MAX_TOKENS, "temperature": 0}
             async with client.post(proxy + "/v1/completions", json=body) as resp:
-                usage = (await resp.json())["usage"]
-            over += usage["prompt_tokens"] + MAX_TOKENS > CONTEXT
+                over += over_budget(await resp.json())
         records = [r for r in app[RECORDS] if r.outcome == "ok"]
         method = records[-1].tokenizer if records else None
     return {"tokenizer": tokenizer, "method": method, "completions": keystrokes, "tokenize_calls": calls,
             "tokenize_per_completion": calls / keystrokes, "over_budget": over}  # fmt: skip
+
+
+def over_budget(answer: dict[str, Any]) -> bool:
+    """Whether an answer's prompt and `max_tokens` exceeded the context; a keystroke answered from the previous
+    completion (typed through: no upstream request, no `usage`) sent no prompt at all."""
+    usage = answer.get("usage")
+    return usage is not None and usage["prompt_tokens"] + MAX_TOKENS > CONTEXT
 
 
 async def measure(keystrokes: int, replay_keystrokes: int, progress: Callable[[str], None]) -> dict[str, Any]:

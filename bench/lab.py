@@ -31,7 +31,7 @@ from proxy.budget import CharsEstimator, ContextBudget
 from proxy.budget.templates import MELLUM, FimParts
 from proxy.completion import CompletionService
 from proxy.config import Settings
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, UpstreamStatusError
 from proxy.http.lifecycle import budget_settings, build_policies
 from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
 from proxy.telemetry import RecentRecords, Telemetry
@@ -78,7 +78,7 @@ class EngineSource:
         try:
             task = self.engine.submit(text, prompt.max_tokens, self.writer.text(self.edit_of[request.id], text))
         except SimRefused as exc:
-            raise ProxyError(str(exc), status=503) from exc
+            raise UpstreamStatusError(503, str(exc), "out_of_memory") from exc
         self.tasks[request.id] = task
         try:
             first = True

@@ -29,7 +29,13 @@ OOM_MARKERS = ("out of memory", "exceeds the available context", "exceed_context
 
 
 async def cut_to_tokens(text: str, tokens: int, counter: TokenCounter) -> str:
-    """The start of `text` whose prompt (BOS included) is exactly `tokens` tokens, or as close below as exists."""
+    """The start of `text` whose prompt (BOS included) is exactly `tokens` tokens, or as close below as exists.
+
+    With a server that only counts (vLLM's `/tokenize` without token strings) the cut is searched by count:
+    about log2(len(text)) calls.
+    """
+    if not counter.exact:
+        return await _cut_by_count(text, tokens, counter)
     offsets = await counter.offsets(text)
     if tokens - 1 >= len(offsets):
         raise ValueError(f"the code snippet has only {len(offsets)} tokens; it cannot fill {tokens}")
@@ -46,6 +52,20 @@ async def cut_to_tokens(text: str, tokens: int, counter: TokenCounter) -> str:
             cut = text[: offsets[end - 1]]
             break
     return cut
+
+
+async def _cut_by_count(text: str, tokens: int, counter: TokenCounter) -> str:
+    """The longest start of `text` whose count is at most `tokens` (a binary search on characters)."""
+    if await counter.count(text) < tokens:
+        raise ValueError(f"the code snippet has fewer than {tokens} tokens; it cannot fill them")
+    low, high = 0, len(text)  # count(text[:low]) <= tokens < count(text[:high + 1]) is kept true
+    while low < high:
+        middle = (low + high + 1) // 2
+        if await counter.count(text[:middle]) <= tokens:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low]
 
 
 @dataclass(slots=True)
@@ -95,10 +115,12 @@ def classify(status: int | None, body: str) -> str:
 
 
 async def one_request(
-    session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, timeout_s: float
+    session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, timeout_s: float, model: str | None = None
 ) -> Attempt:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 42, "stream": True,
             "cache_prompt": False, "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    if model is not None:
+        body["model"] = model  # vLLM answers 404 for a name it does not serve
     attempt = Attempt()
     started = time.monotonic()
     try:
@@ -170,6 +192,7 @@ async def run_ladder(
     pid: int | None = None,
     timeout_s: float = 120.0,
     progress: Callable[[str], None] | None = None,
+    model: str | None = None,
 ) -> list[Cell]:
     """Every (context, concurrency) cell, contexts changing slowest: one variable changes per row."""
     cells = []
@@ -184,7 +207,7 @@ async def run_ladder(
                     while remaining > 0:
                         batch = min(concurrency, remaining)
                         cell.attempts += await asyncio.gather(
-                            *(one_request(session, url, prompt, max_tokens, timeout_s) for _ in range(batch))
+                            *(one_request(session, url, prompt, max_tokens, timeout_s, model) for _ in range(batch))
                         )
                         remaining -= batch
                 cells.append(cell)

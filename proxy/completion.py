@@ -27,11 +27,13 @@ from typing import Protocol
 
 from proxy.budget import ContextBudget, cursor_in_comment_or_string
 from proxy.clock import LOOP_CLOCK, Clock
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, UpstreamStatusError
 from proxy.models import Answer, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
 from proxy.policies import AdmissionQueue, Deadline, Debouncer, Dispatch, Lease, QueueFullError, Supersede, Ticket
+from proxy.policies.lines import LineGate
 from proxy.policies.reuse import Flight, Hit, ReuseCache
 from proxy.telemetry import RequestRecord, Telemetry
+from proxy.upstream.errors import context_overflow
 
 log = logging.getLogger("mellum_proxy")
 
@@ -117,14 +119,16 @@ class CompletionService:
     async def _warm_up(
         self, request: NormalizedRequest, answer: Answer, completion: Completion, record: RequestRecord
     ) -> Outcome:
-        """Cache-warming requests (`n_predict: 0`) run only on a slot that is free right now.
+        """Cache-warming requests (`n_predict: 0`) warm exactly the start the next completions will send (the
+        other files and the edited file's header), and only on a slot that is free right now.
 
         They are never queued, debounced or allowed to supersede: a warm-up that waits would delay the
-        completions the user is waiting for, and it is stale by the time a slot frees up.
+        completions the user is waiting for, and it is stale by the time a slot frees up. One with nothing
+        to warm is answered here (a prefix-only template has no place for other files).
         """
-        prompt = await self.budget.apply(request)
-        if not self.policies.admission.has_free_slot():
-            return Outcome.SKIPPED
+        prompt = await self.budget.warm_up(request)
+        if prompt is None or not self.policies.admission.has_free_slot():
+            return Outcome.SKIPPED  # nothing to warm (answered here), or no slot free now
         lease = await self.policies.admission.acquire()
         await self._stream(request, prompt, answer, completion, record, lease, None, None)
         return Outcome.OK
@@ -197,11 +201,13 @@ class CompletionService:
         source = flight.completion
         completion.model, completion.created = source.model, source.created
         completion.upstream_id = source.upstream_id  # whose completion this is the rest of
+        completion.context_tokens, completion.max_tokens = source.context_tokens, source.max_tokens
         if flight.done:
-            rest = hit.rest()
+            rest = hit.rest(cut=flight.cut)
             if rest is None:
                 return None
-            return await self._send_reused(completion, answer, record, rest, source.finish_reason)
+            finish = (source.finish_reason or "stop") if flight.finished else "length"
+            return await self._send_reused(completion, answer, record, rest, finish)
         # Still streaming: follow it (a newer keystroke supersedes this request as it would any other).
         flight.listeners += 1
         sent = 0
@@ -210,15 +216,20 @@ class CompletionService:
                 deadline = Deadline.start(self.clock, policies.ttft_timeout_ms, policies.timeout_ms)
                 ticket.scope.deadline = deadline.first_token
                 with ticket.scope:
-                    seen = 0
+                    seen = taken = 0
+                    gate = LineGate()
                     while True:
                         await flight.wait(seen)
                         seen = len(flight.batches)
                         text = source.text
                         if not (text.startswith(hit.typed) or hit.typed.startswith(text)):
                             break  # it wrote something else than what was typed
-                        if len(text) > len(hit.typed) + sent:
-                            piece = text[len(hit.typed) + sent :]
+                        new = text[len(hit.typed) + taken :] if len(text) > len(hit.typed) + taken else ""
+                        taken += len(new)
+                        piece = gate.feed(new) if new else ""
+                        if flight.done and not flight.cut:
+                            piece += gate.flush()
+                        if piece:
                             if not sent:
                                 self.telemetry.first_token(record)
                                 ticket.scope.deadline = deadline.total
@@ -234,7 +245,7 @@ class CompletionService:
             self._leave(flight)
         if not sent:
             return None
-        completion.finish_reason = source.finish_reason if flight.ok else "stop"
+        completion.finish_reason = (source.finish_reason or "stop") if flight.finished else "length"
         return Outcome.REUSED
 
     async def _send_reused(
@@ -259,28 +270,41 @@ class CompletionService:
     ) -> None:
         """Start the upstream request in its own task (it owns `lease`) and relay it to `answer`."""
         record.reached_upstream = True
-        flight = Flight(Completion(id=completion.id, truncated=completion.truncated))
-        producer = asyncio.get_running_loop().create_task(self._produce(request, prompt, flight, lease))
+        completion.context_tokens, completion.max_tokens = prompt.context_tokens, prompt.max_tokens
+        relayed = Completion(id=completion.id, truncated=completion.truncated,
+                             context_tokens=prompt.context_tokens, max_tokens=prompt.max_tokens)  # fmt: skip
+        flight = Flight(relayed, prompt)
+        flight.capped = request.max_tokens is None or prompt.max_tokens < request.max_tokens
+        producer = asyncio.get_running_loop().create_task(self._produce(request, flight, lease))
         self._flights.add(producer)
         producer.add_done_callback(self._flights.discard)
         if self.policies.reuse is not None and not request.warm_up:
             self.policies.reuse.remember(request, flight)
         flight.producer = producer
         seen = 0
+        capped = request.max_tokens is None or prompt.max_tokens < request.max_tokens
+        gate = LineGate(capped)  # a cut completion ends at a complete line
         try:
             while True:
                 await flight.wait(seen)
                 for batch in flight.batches[seen:]:
                     seen += 1
-                    for chunk in batch:
+                    shown = gate.pass_batch(batch)
+                    for chunk in shown:
                         completion.add(chunk)  # what this client was sent, and nothing more
                     if record.ttft_ms is None and any(chunk.has_text for chunk in batch):
                         self.telemetry.first_token(record)
                         if ticket is not None and deadline is not None:
                             ticket.scope.deadline = deadline.total  # the first-token deadline is met
-                    await answer.send(completion, batch)
+                    if shown:
+                        await answer.send(completion, shown)
                 if flight.done and seen == len(flight.batches):
                     break
+            rest = gate.flush() if not flight.cut else ""
+            if rest:
+                chunk = Chunk(rest)
+                completion.add(chunk)
+                await answer.send(completion, [chunk])
         finally:
             timed_out = ticket is not None and ticket.scope.cancel_called and not ticket.superseded
             self._leave(flight, timed_out=timed_out and record.ttft_ms is None)
@@ -318,7 +342,7 @@ class CompletionService:
             await admission.changes.wait_for(lambda: admission.depth > 0 or producer.done(), KEEP_PREFILL_MAX_S)
         producer.cancel()
 
-    async def _produce(self, request: NormalizedRequest, prompt: BudgetedPrompt, flight: Flight, lease: Lease) -> None:
+    async def _produce(self, request: NormalizedRequest, flight: Flight, lease: Lease) -> None:
         """The upstream request: fold its batches into the flight; then give the slot back once the server
         has let the request go."""
         completion = flight.completion
@@ -327,7 +351,7 @@ class CompletionService:
         self.sent_upstream += 1
         served_by = getattr(self.upstream, "served_by", None)  # which of several upstreams answers
         try:
-            async with aclosing(self.upstream.stream_completion(request, prompt)) as batches:
+            async with aclosing(self._upstream_batches(request, flight)) as batches:
                 async for batch in batches:
                     if served_by is not None and completion.served_by is None:
                         completion.served_by = served_by(request.id)
@@ -342,12 +366,12 @@ class CompletionService:
                     if has_text and flight.stop_at_first_token:
                         break  # the prefill is in the cache: that is all it was kept for
                 else:
-                    finished = True
+                    finished = flight.finished = True
             if served_by is not None and completion.served_by is None:
                 completion.served_by = served_by(request.id)  # an answer without a chunk
             prompt_tokens = (completion.usage or {}).get("prompt_tokens")
             if finished and isinstance(prompt_tokens, int):
-                self.budget.observe(prompt.prompt, prompt_tokens)  # calibrates the `chars` estimate
+                self.budget.observe(flight.prompt.prompt, prompt_tokens)  # calibrates the `chars` estimate
             flight.end()
         except ProxyError as error:
             flight.end(error)
@@ -365,6 +389,24 @@ class CompletionService:
                 releaser = asyncio.get_running_loop().create_task(self._release_when_let_go(lease, sent_at))
                 self._flights.add(releaser)
                 releaser.add_done_callback(self._flights.discard)
+
+    async def _upstream_batches(self, request: NormalizedRequest, flight: Flight) -> AsyncIterator[Sequence[Chunk]]:
+        """The upstream's batches for `flight.prompt`; a prompt it refuses as over its context is fitted again,
+        harder, once (a count-only tokenizer's estimate, or a tokenizer that disagrees with the server, can
+        overshoot), and becomes the flight's prompt."""
+        try:
+            async with aclosing(self.upstream.stream_completion(request, flight.prompt)) as batches:
+                async for batch in batches:
+                    yield batch
+            return
+        except UpstreamStatusError as error:
+            counted = context_overflow(error)
+            if counted is None or flight.batches:  # only a refusal before anything streamed is asked again
+                raise
+        flight.prompt = await self.budget.refit(request, flight.prompt, counted)
+        async with aclosing(self.upstream.stream_completion(request, flight.prompt)) as batches:
+            async for batch in batches:
+                yield batch
 
     def _learn_prefill(self, seconds: float) -> None:
         old = self.prefill_s

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -50,11 +50,23 @@ def login_name() -> str:
         return "developer"
 
 
+def _true(value: Any) -> bool:
+    """A boolean setting as any source gives it (the environment and the CLI give strings)."""
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"))
+
+
 def _listed(value: Any) -> Any:
     """A list setting from one string (the environment, a TOML string): comma-separated values."""
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+# What `--embedded` (the packaged gemma-3-270m on this machine's CPU, no --upstream) changes, unless set: a CPU
+# prefills ~100-200 tokens/s and decodes ~35 (one thread, `bench first-run`), so a new file's first prompt takes
+# 1-2 s before its first token and a 128-token answer 4 s. Completions end at a blank line and at 48 tokens, and
+# the deadline leaves room for a cold prompt: a complete suggestion shows, later than from a GPU server.
+EMBEDDED_DEFAULTS: dict[str, Any] = {"timeout_ms": 3000, "max_tokens": 48, "stop_at_blank_line": True}
 
 
 def upstream_base_url(url: str) -> str:
@@ -106,7 +118,7 @@ class Settings(BaseSettings):
     model: Path | None = Field(None, description="GGUF for --embedded (default: the packaged gemma-3-270m).")
     embedded_ctx_tokens: int = Field(4096, ge=256, description="Embedded server's total context (all slots).")
     embedded_slots: int = Field(2, ge=1, le=64, description="Embedded server's parallel slots.")
-    embedded_threads: int = Field(0, ge=0, description="Embedded server's CPU threads (0: all cores).")
+    embedded_threads: int = Field(0, ge=0, description="Embedded server's CPU threads (0: half the cores).")
 
     # --- request handling --------------------------------------------------------------------
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
@@ -150,6 +162,9 @@ class Settings(BaseSettings):
         description="mellum|starcoder|codellama|deepseek|qwen|codestral|prefix|none|custom (default: checked).",
     )
     complete_in_comments: bool = Field(True, description="Complete when the cursor is in a comment/string.")
+    stop_at_blank_line: bool = Field(
+        False, description="End every completion at its first blank line, where a block ends (on with --embedded)."
+    )
     default_temperature: float | None = Field(
         None, ge=0, le=5, description="Temperature sent when the client sends none (default: the server's own)."
     )
@@ -162,6 +177,14 @@ class Settings(BaseSettings):
     vram_interval_ms: int = Field(200, ge=10, description="GPU memory sampling period.")
     gpu: int = Field(0, ge=0, description="NVML index of the GPU the upstream runs on.")
     upstream_pid: int = Field(0, ge=0, description="Upstream server's PID, for its own GPU usage (0: unknown).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _embedded_defaults(cls, data: Any) -> Any:
+        """With `--embedded` as the only upstream, `EMBEDDED_DEFAULTS` for what the user did not set."""
+        if isinstance(data, dict) and _true(data.get("embedded")) and "upstream" not in data:
+            data = {**EMBEDDED_DEFAULTS, **data}
+        return data
 
     @field_validator("listen")
     @classmethod

@@ -149,6 +149,8 @@ class Completion:
     truncated: bool = False  # the context budget cut the prompt
     upstream_id: str | None = None  # the upstream's own id for it, if it gave one
     served_by: str | None = None  # which upstream answered (of several; `proxy.upstream.failover`)
+    context_tokens: int = 0  # the context per request this completion was fitted to (llama.cpp's `n_ctx`)
+    max_tokens: int = 0  # the most tokens it may generate (llama.cpp's `n_predict`)
     _pieces: list[Chunk] = field(default_factory=list, repr=False)
 
     @property
@@ -188,6 +190,7 @@ class BudgetedPrompt:
     tokens_after: int
     truncated: bool
     method: str
+    context_tokens: int = 0  # the context per request it was fitted to (prompt + max_tokens stay within)
 
 
 class Answer(Protocol):

@@ -41,6 +41,8 @@ MAX_SHRINK_ROUNDS = 8
 SLACK_TOKENS = 8  # what a server may add to a prompt's own tokens (BOS, EOS, a leading space, FIM markers)
 BOUND_METHOD = "bytes"  # the record's `tokenizer` when the prompt fitted by its length, uncounted
 COLD_LINES = 4  # more unseen lines than this on one side: tokenize the side instead of estimating
+REFIT_SQUEEZE = 0.9  # of the budget, times planned / counted, for a prompt the server refused as too long
+SHRINK_MARGIN = 0.95  # a prompt counted over its budget by a server whose token starts are unknown shrinks a bit more
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,7 @@ class BudgetSettings:
     prefix_ratio: float = 0.75
     step_lines: int = 16
     template: FimTemplate | None = None  # None: send prompt and suffix as fields ("none")
+    stops: tuple[str, ...] = ()  # ends every completion besides the template's own (a blank line: `stop_at_blank_line`)
 
 
 class LineCounts:
@@ -104,6 +107,7 @@ class ContextBudget:
         self.counter = counter
         self.lines = LineCounts()
         self._fallback = CharsEstimator()
+        self.clamped_from: int | None = None  # the setting, when the server's context per request lowered it
         self._overheads: dict[tuple[str, str | None, str | None], int] = {}
 
     def observe(self, prompt: str, prompt_tokens: int) -> None:
@@ -111,13 +115,17 @@ class ContextBudget:
         self.counter.observe(prompt, prompt_tokens)
         self._fallback.observe(prompt, prompt_tokens)
 
-    def clamp(self, server_context: int) -> None:
-        """Never plan past the server's context per request (llama.cpp splits `-c` over its slots)."""
-        if server_context < self.settings.max_context_tokens:
-            log.info("context budget: %d -> %d tokens (the upstream's context per request)",
-                     self.settings.max_context_tokens, server_context)  # fmt: skip
-            self.settings = dataclasses.replace(self.settings, max_context_tokens=server_context)
-            self._overheads.clear()
+    def clamp(self, server_context: int) -> bool:
+        """Never plan past the server's context per request (llama.cpp splits `-c` over its slots); whether
+        the budget was lowered."""
+        if server_context >= self.settings.max_context_tokens:
+            return False
+        log.debug("context budget: %d -> %d tokens (the upstream's context per request)",
+                  self.settings.max_context_tokens, server_context)  # fmt: skip
+        self.clamped_from = self.settings.max_context_tokens
+        self.settings = dataclasses.replace(self.settings, max_context_tokens=server_context)
+        self._overheads.clear()
+        return True
 
     def use_template(self, template: FimTemplate | None) -> None:
         """Render with `template` from now on (the model's vocabulary asked for another)."""
@@ -129,34 +137,55 @@ class ContextBudget:
         self.counter = counter
         self.lines = LineCounts()
 
-    async def apply(self, request: NormalizedRequest) -> BudgetedPrompt:
-        """Fit `request` into the budget. An upstream tokenizer that fails falls back to `chars`."""
+    async def apply(self, request: NormalizedRequest, squeeze: float = 1.0) -> BudgetedPrompt:
+        """Fit `request` into the budget (`squeeze` times its prompt budget). An upstream tokenizer that fails
+        falls back to `chars`."""
         try:
-            return await self._apply(request, self.counter, self.lines)
+            return await self._apply(request, self.counter, self.lines, squeeze)
         except NoPiecesError as exc:
             log.warning("tokenizer %s: %s; estimating from characters from now on", self.counter.method, exc)
             self.use(self._fallback)  # for good: asking again would fail the same way on every keystroke
-            return await self._apply(request, self.counter, self.lines)
+            return await self._apply(request, self.counter, self.lines, squeeze)
         except UpstreamError as exc:
             # the upstream's message is not logged: a tokenizer's error may quote the text it was sent
             why = f"{exc.type}, HTTP {exc.upstream_status}"
             log.warning("tokenizer %s failed (%s); estimating from characters", self.counter.method, why)
-            return await self._apply(request, self._fallback, LineCounts())
+            return await self._apply(request, self._fallback, LineCounts(), squeeze)
 
-    async def _apply(self, request: NormalizedRequest, counter: TokenCounter, lines: LineCounts) -> BudgetedPrompt:
+    async def refit(self, request: NormalizedRequest, refused: BudgetedPrompt, counted: int) -> BudgetedPrompt:
+        """`request` again, after the server refused `refused` as over its context, having counted `counted`
+        prompt tokens (0: it did not say): learn from the count, and fit harder."""
+        if counted > 0:
+            self.observe(refused.prompt, counted)
+        planned = max(1, refused.tokens_after)
+        squeeze = min(REFIT_SQUEEZE, REFIT_SQUEEZE * planned / counted) if counted > planned else REFIT_SQUEEZE / 2
+        log.warning("context budget: the upstream counted %s prompt tokens where %d were planned (tokenizer %s); "
+                    "fitting again to %d%% of the budget", counted or "more", planned, refused.method,
+                    round(squeeze * 100))  # fmt: skip
+        return await self.apply(request, squeeze)
+
+    def context_limit(self, request: NormalizedRequest) -> int:
+        """The context per request `request` is fitted to: the one discovered value (the setting, lowered to
+        the server's context per request), or the client's own smaller limit (Ollama `num_ctx`)."""
+        limit = self.settings.max_context_tokens
+        return min(limit, request.context_tokens or limit)
+
+    async def _apply(
+        self, request: NormalizedRequest, counter: TokenCounter, lines: LineCounts, squeeze: float = 1.0
+    ) -> BudgetedPrompt:
         settings = self.settings
         cap = settings.max_tokens
         max_tokens = cap if request.max_tokens is None else min(request.max_tokens, cap)
-        context_limit = min(settings.max_context_tokens, request.context_tokens or settings.max_context_tokens)
-        prompt_budget = max(1, context_limit - max_tokens)
+        context_limit = self.context_limit(request)
+        prompt_budget = max(1, int((context_limit - max_tokens) * squeeze))
         parts, template, suffix_field = self._parts(request)
         small = _fits_by_length(template, parts, prompt_budget, suffix_field)
         if small is not None:
             prompt, bound = small
             return BudgetedPrompt(
                 prompt=prompt, suffix=parts.suffix if suffix_field else None, max_tokens=max_tokens,
-                stops=template.stops if template else (), tokens_before=bound, tokens_after=bound, truncated=False,
-                method=BOUND_METHOD,
+                stops=self._stops(template), tokens_before=bound, tokens_after=bound, truncated=False,
+                method=BOUND_METHOD, context_tokens=context_limit,
             )  # fmt: skip
         overhead = await self._overhead(template, parts.path, counter)
         available = max(0, prompt_budget - overhead)
@@ -182,23 +211,55 @@ class ContextBudget:
             if context:
                 context = ""  # other files are dropped before any line of the current one
                 continue
-            if not counter.exact:
-                break
-            over = total - prompt_budget
-            if p_budget >= s_budget:
-                p_budget = max(0, p_budget - over)
-            else:
-                s_budget = max(0, s_budget - over)
+            if not counter.exact_count:
+                break  # an estimate: nothing better to measure against
+            if counter.exact:
+                over = total - prompt_budget
+                if p_budget >= s_budget:
+                    p_budget = max(0, p_budget - over)
+                else:
+                    s_budget = max(0, s_budget - over)
+            else:  # lines are counted by an estimate: shrink both sides by what the server's count says
+                factor = SHRINK_MARGIN * max(0, prompt_budget - overhead) / max(1, total - overhead)
+                p_budget, s_budget = int(p_budget * factor), int(s_budget * factor)
         return BudgetedPrompt(
             prompt=prompt,
             suffix=kept_suffix if suffix_field else None,
             max_tokens=max_tokens,
-            stops=template.stops if template else (),
+            stops=self._stops(template),
             tokens_before=max(tokens_before, total),
             tokens_after=total,
             truncated=(kept_prefix, kept_suffix, context) != (parts.prefix, parts.suffix, parts.context),
             method=counter.method,
+            context_tokens=context_limit,
         )
+
+    async def warm_up(self, request: NormalizedRequest) -> BudgetedPrompt | None:
+        """What a cache-warming request (`n_predict: 0`) sends. One without text of its own (llama.vim's ring
+        updates, llama.vscode's FIM_PREP) warms the start that the next completions will share: the other
+        files it carries and the edited file's header, exactly as a completion renders them; None when there
+        is nothing to warm (no other files, a template without file headers, or files that cannot fit)."""
+        if request.prefix or request.suffix:
+            return await self.apply(request)  # a prompt of its own to warm: all of it
+        template = self.settings.template
+        files = _context_files(template, request.context_files)
+        if template is None or not files:
+            return None
+        path = request.file_path if request.file_path is not None else ""
+        prompt = files + template.header.replace("{path}", path)
+        budget = self.context_limit(request) - self.settings.max_tokens
+        try:
+            tokens = await self.counter.count(prompt) if len(prompt) + SLACK_TOKENS > budget else len(prompt)
+        except UpstreamError:
+            return None
+        if tokens > budget:
+            return None  # a completion drops these files first: warming them would waste the slot
+        return BudgetedPrompt(prompt=prompt, suffix=None, max_tokens=0, stops=(), tokens_before=tokens,
+                              tokens_after=tokens, truncated=False, method=self.counter.method,
+                              context_tokens=self.context_limit(request))  # fmt: skip
+
+    def _stops(self, template: FimTemplate | None) -> tuple[str, ...]:
+        return (template.stops if template else ()) + self.settings.stops
 
     def _parts(self, request: NormalizedRequest) -> tuple[FimParts, FimTemplate | None, bool]:
         """The parts to fit, the template to render them with, and whether the suffix travels as a field."""
@@ -206,7 +267,10 @@ class ContextBudget:
         if request.suffix is not None:
             files = _context_files(template, request.context_files)
             suffix = "" if template is PREFIX_ONLY else request.suffix  # it has no place for one
-            return FimParts(request.prefix, suffix, request.file_path, files), template, template is None
+            # After other files, the edited file starts with a header of its own: its name when the client
+            # said it, else an empty name, so no other file's name (or text) is taken for the edited file's.
+            path = request.file_path if request.file_path is not None or not files else ""
+            return FimParts(request.prefix, suffix, path, files), template, template is None
         parsed = parse_any(request.prefix)
         if parsed is None:  # a plain completion: only the end of the prompt matters
             return FimParts(request.prefix, "", None), None, False

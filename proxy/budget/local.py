@@ -15,8 +15,9 @@ import ctypes
 import hashlib
 import logging
 import os
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -99,6 +100,26 @@ async def in_daemon_thread(work: Callable[..., T], *args: Any) -> T:
     return await future
 
 
+async def build_aside(model: Path) -> None:
+    """Build a GGUF's tokenizer cache in a process of its own at the lowest CPU priority, the first time.
+
+    Reading a GGUF's vocabulary is seconds of Python: in this process it would hold the interpreter's lock
+    against the request loop, and on a busy laptop take the core the first completions need.
+    """
+    if model.suffix != ".gguf" or _file_key(model) in _LOADED or (cache_dir() / f"{_file_key(model)}.json").is_file():
+        return
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy.budget.local", str(model), stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await process.wait()
+    finally:
+        if process.returncode is None:  # the proxy stops meanwhile
+            process.kill()
+            await process.wait()
+
+
 def load_local(model: Path) -> HfTokenizer:
     with _BUILDING:  # one build at a time; a second caller then finds the first one's result
         tokenizer = _load_local(model)
@@ -163,29 +184,39 @@ def _file_key(model: Path) -> str:
     return digest.hexdigest()[:20]
 
 
-async def agreement(local: HfTokenizer, server: ModelServer) -> tuple[int, int]:
-    """On how many of `PROBES` the local ids equal the server's `/tokenize` (BOS included)."""
+ServerIds = Callable[[str], Awaitable[list[int]]]
+
+
+async def agreement(local: HfTokenizer, server: ModelServer, server_ids: ServerIds | None = None) -> tuple[int, int]:
+    """On how many of `PROBES` the local ids equal the server's `/tokenize` (BOS included); `server_ids`
+    asks it in its own body (vLLM's), else llama.cpp's."""
     same = 0
     for text in PROBES:
-        body = await server.tokenize({"content": text, "add_special": True})
-        ids = [t["id"] if isinstance(t, dict) else t for t in (body.get("tokens") or [])]
+        if server_ids is not None:
+            ids = await server_ids(text)
+        else:
+            body = await server.tokenize({"content": text, "add_special": True})
+            ids = [t["id"] if isinstance(t, dict) else t for t in (body.get("tokens") or [])]
         same += ids == local.ids(text)
     return same, len(PROBES)
 
 
-async def find_local(server: ModelServer, embedded_model: Path | None) -> HfTokenizer | None:
+async def find_local(
+    server: ModelServer, embedded_model: Path | None, server_ids: ServerIds | None = None
+) -> HfTokenizer | None:
     """An exact local tokenizer for the served model that agrees with the server, or None (logged why)."""
     model = embedded_model or await served_model_path(server)
     if model is None:
         log.info("tokenizer: the upstream names no model file on this machine; asking its /tokenize")
         return None
     try:
+        await build_aside(model)
         local = await in_daemon_thread(load_local, model)
     except (UnsupportedVocabulary, ValueError, OSError) as exc:
         log.info("tokenizer: no local tokenizer from %s (%s); asking the upstream's /tokenize", model.name, exc)
         return None
     try:
-        same, total = await agreement(local, server)
+        same, total = await agreement(local, server, server_ids)
     except UpstreamError as exc:
         log.info("tokenizer: cannot check %s against the upstream (%s); asking its /tokenize", model.name, exc)
         return None
@@ -194,3 +225,8 @@ async def find_local(server: ModelServer, embedded_model: Path | None) -> HfToke
                     model.name, total - same, total)  # fmt: skip
         return None
     return local
+
+
+if __name__ == "__main__":  # `build_aside`'s child: build and cache one model's tokenizer, yielding the CPU
+    os.nice(19)
+    load_local(Path(sys.argv[1]))

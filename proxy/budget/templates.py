@@ -91,12 +91,12 @@ class FimTemplate:
         """(packed context, path) of what precedes the body at `start`: a header right before it, or none."""
         head, _, tail = self.header.partition("{path}")
         if not prompt.endswith(tail, 0, start):
-            return prompt[:start], None
+            tail = ""  # JetBrains' own layout (mellum-sdk): `<filename>{path}` right before the markers
         at = prompt.rfind(head, 0, start - len(tail))
         if at < 0:
             return prompt[:start], None
         path = prompt[at + len(head) : start - len(tail)]
-        if "\n" in path:
+        if "\n" in path or not path:
             return prompt[:start], None
         return prompt[:at], path
 

@@ -81,8 +81,13 @@ def openai_error(error: ProxyError) -> dict[str, Any]:
 
 
 def finish_reason(completion: Completion, outcome: Outcome) -> str:
-    """Why the answer ended: the upstream's reason, else `length` for a timeout, `stop` otherwise."""
-    return completion.finish_reason or ("length" if outcome is Outcome.TIMEOUT else "stop")
+    """Why the answer ended: the upstream's reason, else `length` for a completion that was cut (a timeout, or
+    a cancel after some text: a cut completion never says `stop`), `stop` otherwise."""
+    if completion.finish_reason:
+        return completion.finish_reason
+    if outcome is Outcome.TIMEOUT or (outcome is Outcome.CANCELLED and completion.chunks):
+        return "length"
+    return "stop"
 
 
 class Encoder:

@@ -69,7 +69,9 @@ def parse_infill(body: Any, headers: Mapping[str, str], request_id: str) -> Norm
     params = fields.sampling()
     response_fields = _response_fields(fields.raw("response_fields"))
     params.update(fields.rest(_NOT_FORWARDED))
-    path = header(headers, "X-File-Path") or (extra[-1][0] if extra else None) or None
+    # The edited file's name travels only in `X-File-Path`: llama.vim and llama.vscode never send it, and
+    # `input_extra` names other buffers (ring chunks), never the current one.
+    path = header(headers, "X-File-Path") or None
     return NormalizedRequest(
         id=request_id, dialect=INFILL, session=session_key(headers), prefix=prefix + current_line, suffix=suffix,
         stream=stream, max_tokens=max_tokens, params=params, file_path=path, language=header(headers, "X-Language"),
@@ -140,6 +142,9 @@ class LlamaCppEncoder(Encoder):
             "truncated": completion.truncated,
             "stop_type": "limit" if reason == "length" else "eos",
             "timings": _timings(completion),
+            # llama.vscode's status bar reads `generation_settings.n_ctx` without optional chaining
+            # (src/statusbar.ts `showInfo`): real llama.cpp always sends it.
+            "generation_settings": {"n_ctx": completion.context_tokens, "n_predict": completion.max_tokens},
         }
         fields = self.request.response_fields
         return _flatten(body, fields) if fields else body

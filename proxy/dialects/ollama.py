@@ -29,7 +29,7 @@ from proxy.dialects.base import (
     require_object,
     session_key,
 )
-from proxy.errors import InvalidRequestError, ProxyError
+from proxy.errors import InvalidRequestError, ProxyError, UpstreamError
 from proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 
 DIALECT = "ollama"
@@ -124,7 +124,10 @@ async def _show(discovery: Discovery, body: Any) -> dict[str, Any]:
     name = body.get("model") or body.get("name") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name:
         raise InvalidRequestError("'model' (or 'name') is required")
-    ids = await discovery.model_ids()
+    try:
+        ids = await discovery.model_ids()
+    except UpstreamError:
+        ids = []  # an upstream that lists no models: the name the plugin asked for
     return show(name if name in ids else (ids[0] if ids else name), discovery.max_context_tokens)
 
 

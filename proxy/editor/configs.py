@@ -25,6 +25,11 @@ CONFIGS = {
 }
 
 
+# A plugin's own request timeout must leave room for the proxy's answer at its deadline: a client that gives up
+# at the same moment never reads it (minuet's `curl --max-time`, with `stream = false`, loses every such answer).
+ANSWER_ROOM_MS = 500
+
+
 def values(settings: Settings) -> dict[str, str]:
     host = "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::", "") else settings.listen_host
     base = f"http://{host}:{settings.listen_port}"
@@ -34,7 +39,8 @@ def values(settings: Settings) -> dict[str, str]:
         "port": str(settings.listen_port),
         "debounce_ms": str(max(settings.debounce_ms, 1) if settings.dispatch_rule == "fixed" else 1),
         "timeout_ms": str(settings.timeout_ms or 1500),
-        "timeout_s": f"{(settings.timeout_ms or 1500) / 1000:g}",
+        "client_timeout_ms": str((settings.timeout_ms or 1500) + ANSWER_ROOM_MS),
+        "client_timeout_s": f"{((settings.timeout_ms or 1500) + ANSWER_ROOM_MS) / 1000:g}",
         "max_context_tokens": str(settings.max_context_tokens),
         "max_tokens": str(settings.max_tokens),
         "prompt_tokens": str(settings.max_context_tokens - settings.max_tokens),  # room left for the completion

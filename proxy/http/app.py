@@ -6,12 +6,14 @@ proxy exists to drop stale work, so a request whose editor has gone must stop th
 
 from __future__ import annotations
 
+import time
+
 from aiohttp import web
 
 from proxy.config import Settings
 from proxy.http import lifecycle
 from proxy.http.guard import token_middleware
-from proxy.http.keys import RECORDS, SETTINGS
+from proxy.http.keys import BOOTED, RECORDS, SETTINGS
 from proxy.http.middleware import error_middleware, request_id
 from proxy.http.routes import add_routes
 from proxy.telemetry import RecentRecords
@@ -24,6 +26,7 @@ def build_app(settings: Settings) -> web.Application:
         middlewares.append(token_middleware(settings.auth_token))  # its refusals are rendered by the first
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
+    app[BOOTED] = time.monotonic()
     app[RECORDS] = RecentRecords()
     if settings.embedded:
         app.cleanup_ctx.append(lifecycle.embedded_upstream)

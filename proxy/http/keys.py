@@ -17,6 +17,7 @@ from proxy.upstream.embedded import EmbeddedServer
 from proxy.upstream.failover import Upstreams
 
 SETTINGS = web.AppKey("settings", Settings)
+BOOTED = web.AppKey("booted", float)  # time.monotonic() when the app was built: "ready in N s"
 UPSTREAM = web.AppKey("upstream", UpstreamClient)  # the primary upstream (what the probes ask)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)  # all of them, in order: the one serving answers
 SERVICE = web.AppKey("service", CompletionService)

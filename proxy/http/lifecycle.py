@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -18,11 +19,12 @@ from aiohttp import web
 from proxy.budget import BudgetSettings, CharsEstimator, ContextBudget, TokenCounter, UpstreamTokenizer, template_for
 from proxy.budget.gguf_vocab import UnsupportedVocabulary
 from proxy.budget.local import load_local
-from proxy.budget.tokenizers import upstream_tokenizer_usable
+from proxy.budget.tokenizers import upstream_counter
 from proxy.clock import LOOP_CLOCK, Clock
 from proxy.completion import CompletionService, Policies
 from proxy.config import Settings
 from proxy.http.keys import (
+    BOOTED,
     EMBEDDED,
     GPU_OPENER,
     POLICIES,
@@ -38,6 +40,7 @@ from proxy.http.probes import UpstreamProbes
 from proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
 from proxy.policies.reuse import ReuseCache
 from proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetrics, Telemetry
+from proxy.telemetry.deadline_watch import DeadlineWatch
 from proxy.upstream import UpstreamClient
 from proxy.upstream.embedded import EmbeddedServer, packaged_model
 from proxy.upstream.failover import Upstreams
@@ -49,11 +52,14 @@ log = logging.getLogger("mellum_proxy")
 async def embedded_upstream(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     server = EmbeddedServer(
-        settings.model, settings.embedded_ctx_tokens, settings.embedded_slots, settings.embedded_threads
+        settings.model,
+        settings.embedded_ctx_tokens,
+        settings.embedded_slots,
+        settings.embedded_threads,
+        swa_full=True,  # gemma-3's sliding-window layers would otherwise re-process every prompt from its start
     )
     url = await asyncio.to_thread(server.start)  # the model load blocks for a second or two
-    log.info("embedded llama.cpp server at %s (model %s)", url, settings.model or "gemma-3-270m")
-    print(f"embedded upstream: {url}", flush=True)
+    log.debug("embedded llama.cpp server at %s (model %s)", url, settings.model or "gemma-3-270m")
     app[EMBEDDED] = server
     yield
     await asyncio.to_thread(server.stop)
@@ -80,7 +86,9 @@ async def telemetry(app: web.Application) -> AsyncIterator[None]:
     sampler = asyncio.create_task(gpu.run(), name="gpu-sampler")
     log_file = _open_log(settings.log, settings.log_max_mb)
     recorder = _open_log(settings.record, settings.log_max_mb)
-    app[TELEMETRY] = Telemetry(app[RECORDS], gpu, log_file, log_content=settings.log_content, recorder=recorder)
+    watch = DeadlineWatch(settings.timeout_ms) if settings.timeout_ms else None
+    app[TELEMETRY] = Telemetry(app[RECORDS], gpu, log_file, log_content=settings.log_content, recorder=recorder,
+                               deadline_watch=watch)  # fmt: skip
     try:
         yield
     finally:
@@ -134,13 +142,13 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
         probes = app[PROBES] = UpstreamProbes(settings, upstream, policies, budget, model, slots_known=known)
         if found is not None:
             probes.apply(found)
-        template = budget.settings.template
-        log.info("context budget: %d tokens, tokenizer %s, FIM template %s", budget.settings.max_context_tokens,
-                 budget.counter.method, template.name if template else "none")  # fmt: skip
-        if template is None:
+        if budget.settings.template is None:
             log.warning("fim_template=none sends the text after the cursor as `suffix`: vLLM and llama.cpp "
                         "builds that list it as unsupported answer 400; prefer the model's template")  # fmt: skip
         app[SERVICE] = CompletionService(pool, policies, budget, telemetry)
+        probes.on_ready = lambda: log.info("%s", ready_block(app))
+        if reachable[0]:
+            await probes.prepare()  # decided (and the embedded server warm) before the first request can come
         tasks = [asyncio.create_task(probes.run(), name="upstream-probes")]
         if len(clients) > 1:
             pool.on_up = fallback_discovery(settings, budget)
@@ -156,6 +164,36 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def ready_block(app: web.Application) -> str:
+    """What the proxy has found and chosen, said once, when it is all true: the upstream, how prompts are
+    built, what each request may do, and the GPU."""
+    settings, probes, policies, gpu = app[SETTINGS], app[PROBES], app[POLICIES], app[TELEMETRY].gpu
+    budget = probes.budget
+    template = budget.settings.template
+    upstream = f"upstream {probes.upstream.shown_url}"
+    if EMBEDDED in app and probes.upstream.base_url == app[EMBEDDED].url:
+        threads = app[EMBEDDED].threads
+        upstream += f" (embedded llama.cpp, {threads} thread{'s' if threads > 1 else ''})"
+    found = probes.found.describe() if probes.found else "not reachable yet"
+    context = f"{budget.settings.max_context_tokens} tokens a request"
+    if budget.clamped_from is not None:
+        context += f" (max_context_tokens {budget.clamped_from} lowered to the upstream's)"
+    why = probes.template_why if template is not None and template.name != "custom" else "set"
+    tokenizer = budget.counter.method + (" (exact)" if budget.counter.exact_count else " (estimate)")
+    deadline = f"timeout_ms {settings.timeout_ms}" if settings.timeout_ms else "no deadline"
+    gpu_line = "GPU memory recorded through NVML" if gpu and gpu.source == "nvml" else (
+        f"GPU memory not recorded ({gpu.reason if gpu else 'no sampler'})")  # fmt: skip
+    elapsed = time.monotonic() - app[BOOTED]
+    return "\n".join([
+        f"ready in {elapsed:.1f} s: {upstream}: {found}",
+        f"  prompts: FIM template {template.name if template else 'none'} ({why}), tokenizer {tokenizer}, {context}, "
+        f"max_tokens {budget.settings.max_tokens}",
+        f"  requests: {policies.admission.limit} upstream at once, {settings.max_inflight} a session, {deadline}, "
+        f"dispatch {settings.dispatch_rule}",
+        f"  {gpu_line}",
+    ])  # fmt: skip
 
 
 def upstream_urls(settings: Settings, embedded_url: str | None) -> list[str]:
@@ -186,8 +224,9 @@ def fallback_discovery(settings: Settings, budget: ContextBudget) -> Callable[[U
         found = await discover(client)
         if settings.upstream_model is None and found.model is not None:
             client.model = found.model
-        if found.context is not None:
-            budget.clamp(found.context)
+        if found.context is not None and budget.clamp(found.context):
+            log.info("context budget: %s -> %d tokens (fallback %s's context per request)", budget.clamped_from,
+                     found.context, client.shown_url)  # fmt: skip
         log.info("fallback upstream %s: %s", client.shown_url, found.describe())
 
     return discover_fallback
@@ -199,7 +238,7 @@ def build_policies(settings: Settings, slots: int | None = None, clock: Clock = 
     if limit == 0:
         limit = slots or 1
         why = f"the upstream's {slots} slots" if slots else "1 until the upstream says how many slots it has"
-        log.info("max_concurrency: %s", why)
+        log.debug("max_concurrency: %s", why)
     fixed = settings.dispatch_rule == "fixed"
     dispatch = None if fixed else Dispatch(settings.hold_idle_max_ms / 1000, settings.hold_busy_max_ms / 1000,
                                            settings.hold_gap_factor, clock, settings.hold_min_ms / 1000)  # fmt: skip
@@ -224,21 +263,21 @@ def budget_settings(settings: Settings) -> BudgetSettings:
         prefix_ratio=settings.prefix_ratio,
         step_lines=settings.context_step_lines,
         template=template_for(settings.fim_template),
+        stops=("\n\n",) if settings.stop_at_blank_line else (),
     )
 
 
 async def build_counter(settings: Settings, upstream: UpstreamClient) -> TokenCounter:
-    """The tokenizer to start with. `auto`: the upstream's /tokenize when it answers, else the calibrated
-    character estimate; `UpstreamProbes` may find an exact local one later."""
+    """The tokenizer to start with. `auto`: the upstream's /tokenize when it answers (with each token's text,
+    else a count), else the calibrated character estimate; `UpstreamProbes` may find an exact local one later."""
     choice = settings.tokenizer
     if choice == "chars":
         return CharsEstimator()
     if choice == "upstream":
-        return UpstreamTokenizer(upstream)
+        return await upstream_counter(upstream, upstream.model) or UpstreamTokenizer(upstream)
     if choice != "auto":
         try:
             return await asyncio.to_thread(load_local, Path(choice))  # reading the file blocks
         except UnsupportedVocabulary as exc:
             raise ValueError(str(exc)) from exc
-    tokenizer = UpstreamTokenizer(upstream)
-    return tokenizer if await upstream_tokenizer_usable(tokenizer) else CharsEstimator()
+    return await upstream_counter(upstream, upstream.model) or CharsEstimator()

@@ -3,30 +3,35 @@
 At start-up llama.cpp may have its port open while it still loads the model (503 on `/health`): the
 slot count and the `/tokenize` it answers then are not the server's. `UpstreamProbes.run` (a task
 for the app's lifetime) waits until the upstream is healthy, asks again for what was left unsettled
-(the slot count behind `max_concurrency = 0`, the tokenizer behind `tokenizer = auto`), and then
-looks for an exact local tokenizer (`proxy.budget.local`). Every change of the proxy's view of the
-server is one log line.
+(the slot count behind `max_concurrency = 0`, the tokenizer behind `tokenizer = auto`), decides the
+FIM template, warms the embedded server, and only then says the proxy is `ready` (its `/health`
+answers ok from then on) in one block of lines. After that it looks for an exact local tokenizer
+(`proxy.budget.local`), which can take seconds; that switch is one more line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from contextlib import aclosing
 from pathlib import Path
 
 from proxy.budget import CharsEstimator, ContextBudget, UpstreamTokenizer
 from proxy.budget.local import find_local
 from proxy.budget.templates import PREFIX_ONLY, template_the_model_knows
-from proxy.budget.tokenizers import upstream_tokenizer_usable
+from proxy.budget.tokenizers import CountingTokenizer, upstream_counter
 from proxy.completion import Policies
 from proxy.config import Settings
 from proxy.errors import UpstreamError
+from proxy.models import NormalizedRequest
 from proxy.upstream import UpstreamClient
 from proxy.upstream.kinds import Found, discover
 
 log = logging.getLogger("mellum_proxy")
 
 RETRY_S = (0.25, 0.5, 1.0, 2.0)  # between health checks while the upstream is not ready (then every 2 s)
+WARM_PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return "
 
 
 class UpstreamProbes:
@@ -46,45 +51,91 @@ class UpstreamProbes:
         self.embedded_model = embedded_model
         self.slots_known = slots_known
         self.found: Found | None = None  # what discovery found, once the upstream answered
+        self.ready = asyncio.Event()  # the upstream answered and everything a completion depends on is decided
         self.settled = asyncio.Event()  # set once nothing is left to probe (for tests and `/status`)
+        self.on_ready: Callable[[], None] | None = None  # says so, once
+        self.template_decided = False
+        self.template_why = "not checked: no tokenizer that counts exactly"
 
     async def run(self) -> None:
         """Probe until settled; never raises (a failed probe leaves the current view)."""
         attempt = 0
-        while not await self._probe():
+        while not self.ready.is_set() and not await self._probe():
             await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
             attempt += 1
+        await self.prepare()
         if self.settings.tokenizer == "auto":
-            local = await find_local(self.upstream, self.embedded_model)
+            counter = self.budget.counter
+            server = counter if isinstance(counter, UpstreamTokenizer | CountingTokenizer) else None
+            server = server or await upstream_counter(self.upstream, self.upstream.model)
+            local = await find_local(self.upstream, self.embedded_model, server.ids if server else None)
             if local is not None:
-                self._switch_tokenizer(local, "agrees with the upstream's /tokenize")
-        await self._check_template()
+                self._switch_tokenizer(local, "agrees with the upstream's /tokenize", quiet=False)
+                await self.check_template()  # when nothing could tell before
         self.settled.set()
 
-    async def _check_template(self) -> None:
+    async def prepare(self) -> None:
+        """Once the upstream answers: decide the template, warm the embedded server, say the proxy is ready."""
+        if self.ready.is_set():
+            return
+        await self.check_template()
+        if self.embedded_model is not None:
+            await self._warm()
+        self.ready.set()
+        if self.on_ready is not None:
+            self.on_ready()
+
+    async def _warm(self) -> None:
+        """One short completion on the embedded server before it is called ready: llama.cpp's first decode
+        (weights paged in, buffers allocated) took 3 s of the first keystroke's time once."""
+        request = NormalizedRequest(id="warm-up", dialect="internal", session="warm-up", prefix=WARM_PROMPT,
+                                    suffix="", max_tokens=4)  # fmt: skip
+        started = asyncio.get_running_loop().time()
+        try:
+            prompt = await self.budget.apply(request)
+            async with aclosing(self.upstream.stream_completion(request, prompt)) as batches:
+                async for _ in batches:
+                    pass
+        except UpstreamError as exc:
+            log.debug("warm-up completion failed: %s", exc.type)
+            return
+        log.debug("warm-up completion: %.0f ms", (asyncio.get_running_loop().time() - started) * 1000)
+
+    async def check_template(self) -> None:
         """With an exact tokenizer: use a FIM template whose markers the model has as tokens of their own
         (the packaged gemma-3-270m has none: it gets prefix-only prompts). A template the user chose is
-        kept, with a warning when the model does not know its markers."""
+        kept, with a warning when the model does not know its markers. Decided once."""
         counter, template = self.budget.counter, self.budget.settings.template
-        if not counter.exact or template is None or template is PREFIX_ONLY:
+        if self.template_decided or template is None or template is PREFIX_ONLY:
+            return
+        if not counter.exact_count:
+            return
+        try:
+            empty = 0 if counter.exact else await counter.count("")  # a count-only server counts BOS with it
+        except UpstreamError:
             return
 
         async def single_token(marker: str) -> bool:
             try:
-                return len(await counter.offsets(marker)) == 1
+                if counter.exact:
+                    return len(await counter.offsets(marker)) == 1
+                return await counter.count(marker) - empty == 1
             except UpstreamError:
                 return True  # cannot tell: assume it does
 
         known = await template_the_model_knows(template, single_token)
+        self.template_decided = True
         if known is template:
-            log.info("FIM template: %s (the model has its markers as tokens)", template.name)
+            self.template_why = "the model has its markers as tokens"
         elif "fim_template" in self.settings.model_fields_set:
             log.warning("FIM template %s: the model has no token for its markers %s; it will read them as text",
                         template.name, ", ".join(template.markers))  # fmt: skip
+            self.template_why = "set; the model has no token for its markers"
         else:
-            log.info("FIM template: %s -> %s (the model has no token for %s)", template.name, known.name,
-                     ", ".join(template.markers))  # fmt: skip
+            self.template_why = f"the model has no token for {', '.join(template.markers)}"
+            self.template_why = f"{template.name} -> {known.name}: {self.template_why}"
             self.budget.use_template(known)
+        log.debug("FIM template: %s (%s)", self.budget.settings.template.name, self.template_why)  # type: ignore[union-attr]
 
     async def _probe(self) -> bool:
         """One round: True when the upstream was ready and everything left open is now known."""
@@ -98,9 +149,9 @@ class UpstreamProbes:
                 return False
             self._use_slots(slots)
         if self.settings.tokenizer == "auto" and isinstance(self.budget.counter, CharsEstimator):
-            tokenizer = UpstreamTokenizer(self.upstream)
-            if not await upstream_tokenizer_usable(tokenizer):
-                return True  # ready, but without a /tokenize that can cut: `chars` stays
+            tokenizer = await upstream_counter(self.upstream, self.upstream.model)
+            if tokenizer is None:
+                return True  # ready, but without a /tokenize: `chars` stays
             self._switch_tokenizer(tokenizer, "the upstream answers /tokenize")
         return True
 
@@ -110,21 +161,28 @@ class UpstreamProbes:
         settings = self.settings
         if settings.upstream_model is None and found.model is not None and self.upstream.model != found.model:
             self.upstream.model = found.model
-        if found.context is not None:
-            self.budget.clamp(found.context)
+        if found.context is not None and self.budget.clamp(found.context):
+            self._say("context budget: %s -> %d tokens (the upstream's context per request)",
+                      self.budget.clamped_from, found.context)  # fmt: skip
         if settings.max_concurrency == 0 and found.slots is not None:
             self._use_slots(found.slots)
         elif found.kind != "llama.cpp":
             self.slots_known = True  # only llama.cpp says; the others keep the setting (or 1)
         if found != previous:
-            log.info("upstream %s: %s", self.upstream.shown_url, found.describe())
+            self._say("upstream %s: %s", self.upstream.shown_url, found.describe())
+
+    def _say(self, message: str, *args: object) -> None:
+        """A change of the proxy's view: a line of its own once the ready block has been said, else part of it."""
+        log.log(logging.INFO if self.ready.is_set() else logging.DEBUG, message, *args)
 
     def _use_slots(self, slots: int) -> None:
         self.slots_known = True
         if slots != self.policies.admission.limit:
-            log.info("upstream: max_concurrency %d -> %d (its slots)", self.policies.admission.limit, slots)
+            self._say("upstream: max_concurrency %d -> %d (its slots)", self.policies.admission.limit, slots)
             self.policies.admission.resize(slots)
 
-    def _switch_tokenizer(self, counter: object, why: str) -> None:
-        log.info("upstream: tokenizer %s -> %s (%s)", self.budget.counter.method, counter.method, why)  # type: ignore[attr-defined]
+    def _switch_tokenizer(self, counter: object, why: str, quiet: bool = True) -> None:
+        """Count with `counter` from now on; said at once (`quiet=False`) only after the ready block."""
+        log.log(logging.DEBUG if quiet else logging.INFO, "upstream: tokenizer %s -> %s (%s)",
+                self.budget.counter.method, counter.method, why)  # type: ignore[attr-defined]  # fmt: skip
         self.budget.use(counter)  # type: ignore[arg-type]

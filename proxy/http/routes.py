@@ -17,7 +17,18 @@ from proxy.dialects.openai import DONE, sse
 from proxy.errors import InvalidRequestError, ProxyError
 from proxy.http.answer import HttpAnswer
 from proxy.http.guard import check_host
-from proxy.http.keys import POLICIES, RECORDED, RECORDS, ROUTES, SERVICE, SETTINGS, STARTED, TELEMETRY, UPSTREAMS
+from proxy.http.keys import (
+    POLICIES,
+    PROBES,
+    RECORDED,
+    RECORDS,
+    ROUTES,
+    SERVICE,
+    SETTINGS,
+    STARTED,
+    TELEMETRY,
+    UPSTREAMS,
+)
 from proxy.http.middleware import request_id
 from proxy.telemetry import GpuSampler
 from proxy.telemetry.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
@@ -70,7 +81,9 @@ def completion_handler(dialect: Dialect, route: CompletionRoute) -> Handler:
 class _Discovery:
     def __init__(self, app: web.Application) -> None:
         self.app = app
-        self.max_context_tokens = app[SETTINGS].max_context_tokens
+        # the one discovered value the budget fits prompts to (the setting, lowered to the server's context
+        # per request): Continue sizes its prompts by the `num_ctx` that `/api/show` reports
+        self.max_context_tokens = app[SERVICE].budget.settings.max_context_tokens
 
     async def model_ids(self) -> list[str]:
         return await self.app[UPSTREAMS].model_ids()
@@ -125,13 +138,15 @@ def _dumps(value: Any) -> str:
 
 
 async def health(request: web.Request) -> web.Response:
+    """Ok once the upstream that serves answers and, when it is the primary, everything a completion depends
+    on is decided (its template, the embedded server warm): `starting` until then."""
     upstream = request.app[UPSTREAMS].client  # the one serving
     reachable = await upstream.reachable()
-    body = {
-        "status": "ok" if reachable else "unavailable",
-        "upstream": {"url": upstream.shown_url, "reachable": reachable},
-    }
-    return web.json_response(body, status=200 if reachable else 503, dumps=_dumps)
+    probes = request.app[PROBES]
+    starting = upstream is probes.upstream and not probes.ready.is_set()
+    status = "unavailable" if not reachable else "starting" if starting else "ok"
+    body = {"status": status, "upstream": {"url": upstream.shown_url, "reachable": reachable}}
+    return web.json_response(body, status=200 if status == "ok" else 503, dumps=_dumps)
 
 
 async def metrics(request: web.Request) -> web.Response:

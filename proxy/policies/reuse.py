@@ -19,7 +19,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from proxy.budget.templates import parse_any
-from proxy.models import Chunk, Completion, NormalizedRequest
+from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest
+from proxy.policies.lines import complete_lines
 
 ENTRIES_PER_SESSION = 4
 MAX_SESSIONS = 256
@@ -36,6 +37,7 @@ class Flight:
     """
 
     completion: Completion
+    prompt: BudgetedPrompt  # what the upstream is asked
     batches: list[list[Chunk]] = field(default_factory=list)
     done: bool = False
     error: BaseException | None = None
@@ -44,6 +46,8 @@ class Flight:
     producer: asyncio.Task[None] | None = None  # the task streaming it from the upstream
     stop_at_first_token: bool = False  # kept only to finish its prefill
     first_text_at: float | None = None
+    finished: bool = False  # the upstream ended it on its own (not cut by a deadline, a cancel or an error)
+    capped: bool = False  # the proxy asked for fewer tokens than the client did
 
     def push(self, batch: list[Chunk]) -> None:
         self.batches.append(batch)
@@ -65,6 +69,11 @@ class Flight:
     @property
     def ok(self) -> bool:
         return self.done and self.error is None
+
+    @property
+    def cut(self) -> bool:
+        """Cut short: by a deadline, a cancel or an error, or by the upstream at the proxy's `max_tokens` cap."""
+        return not self.finished or (self.capped and self.completion.finish_reason == "length")
 
 
 @dataclass(eq=False, slots=True)
@@ -88,9 +97,12 @@ class Hit:
     def final(self) -> bool:
         return self.entry.flight.ok
 
-    def rest(self) -> str | None:
-        """The entry's text after what was typed, or None when it has no more to offer or disagrees."""
+    def rest(self, cut: bool = False) -> str | None:
+        """The entry's text after what was typed, or None when it has no more to offer or disagrees. Of a
+        completion that was `cut`, only what it shows (`complete_lines`)."""
         text = self.entry.text
+        if cut:
+            text = complete_lines(text)
         if not text.startswith(self.typed) or len(text) <= len(self.typed):
             return None
         return text[len(self.typed) :]
@@ -129,7 +141,7 @@ class ReuseCache:
             if typed is None:
                 continue
             hit = Hit(entry, typed)
-            if not flight.done or hit.rest() is not None:
+            if not flight.done or hit.rest(cut=flight.cut) is not None:
                 return hit
         return None
 

@@ -105,7 +105,7 @@ class GpuSampler:
             self._backend = self._opener()
         except GpuUnavailableError as exc:
             self.reason = str(exc)
-            log.info("VRAM will not be recorded: %s", self.reason)
+            log.debug("VRAM will not be recorded: %s", self.reason)  # the proxy's ready block says so
             return
         self.source, self.reason = "nvml", ""
 

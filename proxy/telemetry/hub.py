@@ -5,13 +5,18 @@ It observes and never steers: no sink can change or fail a request.
 
 from __future__ import annotations
 
+import logging
+
 from proxy.clock import LOOP_CLOCK, Clock
 from proxy.errors import ProxyError
 from proxy.models import Completion, NormalizedRequest, Outcome
+from proxy.telemetry.deadline_watch import DeadlineWatch
 from proxy.telemetry.gpu import GpuSampler
 from proxy.telemetry.jsonl import JsonlLog
 from proxy.telemetry.prometheus import ProxyMetrics
 from proxy.telemetry.record import RecentRecords, RequestRecord
+
+log = logging.getLogger("mellum_proxy")
 
 
 class Telemetry:
@@ -24,8 +29,10 @@ class Telemetry:
         log_content: bool = False,
         recorder: JsonlLog | None = None,
         clock: Clock = LOOP_CLOCK,
+        deadline_watch: DeadlineWatch | None = None,
     ) -> None:
         self.records = records
+        self.deadline_watch = deadline_watch
         self.gpu = gpu
         self.log = log
         self.metrics = metrics
@@ -62,6 +69,10 @@ class Telemetry:
             self.metrics.observe(record)
         if self.log is not None:
             self.log.put(record.as_dict())
+        if self.deadline_watch is not None:
+            warning = self.deadline_watch.observe(record, self.clock.now())
+            if warning is not None:
+                log.warning("%s", warning)
 
     def reject(self, request: NormalizedRequest, error: ProxyError) -> None:
         """Record a request that failed before the completion service had it (`bad_request`, or

@@ -99,3 +99,26 @@ def test_the_server_never_holds_more_than_max_concurrency_of_the_proxys_requests
     defaults = run_lab(LabPolicy("defaults", {}), events, spec, "t")
     assert direct.peak_held > spec.slots  # without the proxy the server's own queue fills
     assert defaults.peak_held <= spec.slots
+
+
+def test_a_full_kv_cache_is_an_upstream_error_not_a_proxy_defect() -> None:
+    """The simulator's refusal (its KV cache full) reaches the service as the server's 503, recorded
+    `upstream_error`; it was a TypeError once, recorded `internal_error`."""
+    from bench.lab import EngineSource, Writer
+    from proxy.errors import UpstreamStatusError
+    from proxy.models import BudgetedPrompt, NormalizedRequest
+
+    async def run() -> None:
+        engine = SimEngine(replace(SLOW, kv_tokens=10))
+        source = EngineSource(engine, Writer({0: "x"}, 0.0), {"r": 0})
+        request = NormalizedRequest(id="r", dialect="openai", session="s", prefix="x" * 400)
+        prompt = BudgetedPrompt("x" * 400, None, 16, (), 120, 120, False, "chars")
+        try:
+            async for _ in source.stream_completion(request, prompt):
+                raise AssertionError("a refused task streams nothing")
+        except UpstreamStatusError as error:
+            assert error.status == 503 and "KV cache is full" in error.message
+        else:
+            raise AssertionError("the refusal was swallowed")
+
+    run_virtual(run())

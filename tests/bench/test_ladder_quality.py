@@ -127,3 +127,13 @@ def test_request_bodies() -> None:
     assert "suffix" not in direct and direct["stop"][0] == "\n"
     proxied = quality.request_body(task, "mellum", via_proxy=True, max_tokens=48)
     assert (proxied["prompt"], proxied["suffix"]) == (task.prefix, task.suffix)
+
+
+def test_the_budget_bench_counts_a_reused_answer_as_no_prompt() -> None:
+    """A keystroke typed through the last completion is answered without `usage` (no upstream request):
+    `bench budget` once crashed on it with KeyError: 'usage'."""
+    from bench.hot_budget import CONTEXT, MAX_TOKENS, over_budget
+
+    assert over_budget({"choices": [{"text": "rest"}]}) is False
+    assert over_budget({"usage": {"prompt_tokens": CONTEXT - MAX_TOKENS}}) is False
+    assert over_budget({"usage": {"prompt_tokens": CONTEXT - MAX_TOKENS + 1}}) is True

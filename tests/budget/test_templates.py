@@ -87,3 +87,12 @@ async def test_the_template_follows_the_models_vocabulary() -> None:
     assert await template_the_model_knows(BUILTIN["qwen"], starcoder_vocab) is mellum  # the first it knows
     assert await template_the_model_knows(mellum, no_fim) is PREFIX_ONLY
     assert PREFIX_ONLY.render(FimParts("def f(", ")")) == "def f("
+
+
+def test_jetbrains_own_layout_names_the_edited_file() -> None:
+    """JetBrains/mellum-sdk `MellumCompletionService.kt` writes the edited file's `<filename>` with no newline
+    before the markers; other files before it keep theirs."""
+    prompt = "<filename>utils.py\ndef g(): ...\n<filename>demo.py<fim_suffix>S<fim_prefix>P<fim_middle>"
+    template, parts = parse_any(prompt)  # type: ignore[misc]
+    assert template.name == "mellum"
+    assert parts == FimParts("P", "S", "demo.py", "<filename>utils.py\ndef g(): ...\n")

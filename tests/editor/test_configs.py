@@ -41,7 +41,7 @@ def test_structured_configs_parse() -> None:
     cont = yaml.safe_load((CONFIG_DIR / "continue.yaml").read_text())
     assert {m["provider"] for m in cont["models"]} == {"ollama", "openai"}
     assert all(m["roles"] == ["autocomplete"] for m in cont["models"])
-    assert cont["models"][0]["autocompleteOptions"]["modelTimeout"] == 1500
+    assert cont["models"][0]["autocompleteOptions"]["modelTimeout"] == 2000  # the deadline, and room for the answer
     vscode = jsonc((CONFIG_DIR / "llama-vscode.json").read_text())
     assert vscode["llama-vscode.endpoint"] == "http://127.0.0.1:8011"  # type: ignore[index]
     twinny = jsonc((CONFIG_DIR / "twinny.json").read_text())
@@ -66,6 +66,26 @@ def test_configs_follow_the_plugins_current_settings() -> None:
     jetbrains = (CONFIG_DIR / "jetbrains-ai-assistant.md").read_text()
     assert "AI Completion" in jetbrains and "OpenAI-compatible" in jetbrains and "Output limit: 128" in jetbrains
     assert "starcoder" in (CONFIG_DIR / "twinny.json").read_text()
+
+
+def test_plugin_timeouts_leave_room_for_the_proxys_deadline_answer() -> None:
+    """A plugin with a timeout of its own must still be listening when the proxy answers at `timeout_ms`:
+    minuet's `request_timeout` is curl's `--max-time` (lua/minuet/utils.lua `make_curl_args`; with `stream =
+    false` a timed-out curl yields nothing), Continue's `modelTimeout` aborts its request."""
+    for timeout_ms in (300, 1500, 4000):
+        settings = Settings(timeout_ms=timeout_ms)
+        minuet = render("minuet", settings)
+        limit = float(minuet.split("request_timeout = ")[1].split(",")[0])
+        assert limit * 1000 >= timeout_ms + 250
+        for model in yaml.safe_load(render("continue", settings))["models"]:
+            assert model["autocompleteOptions"]["modelTimeout"] >= timeout_ms + 250
+
+
+def test_minuets_config_can_accept_a_suggestion() -> None:
+    """minuet maps no key by default (lua/minuet/config.lua `virtualtext.keymap`: all nil at 479487c)."""
+    text = (CONFIG_DIR / "minuet.lua").read_text()
+    keymap = text.split("keymap = {")[1].split("}")[0]
+    assert "accept = '<A-A>'" in keymap and "accept_line = '<A-a>'" in keymap and "dismiss" in keymap
 
 
 def test_configs_carry_the_auth_token_when_the_proxy_has_one() -> None:
@@ -103,7 +123,7 @@ def test_editor_config_command_uses_the_running_settings(tmp_path: Path, capsys:
     config.write_text('listen = "127.0.0.1:9123"\ntimeout_ms = 900\n')
     main(["editor-config", "minuet", "--config", str(config)])
     out = capsys.readouterr().out
-    assert "http://127.0.0.1:9123/v1/completions" in out and "request_timeout = 0.9" in out
+    assert "http://127.0.0.1:9123/v1/completions" in out and "request_timeout = 1.4" in out
 
 
 def test_systemd_unit_runs_serve_with_the_config(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ async def test_server_counts_no_more_than_the_budget(
 ) -> None:
     proxy = await make_proxy(
         upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, tokenizer="upstream", max_context_tokens=300,
-        max_tokens=16, context_step_lines=1,
+        max_tokens=16, context_step_lines=1, fim_template="mellum",  # both sides of the cursor, to be fitted
     )  # fmt: skip
     body = {"prompt": TEXT[:cursor], "suffix": TEXT[cursor:], "max_tokens": 64, "temperature": 0}
     resp = await proxy.post("/v1/completions", json=body, headers={"X-File-Path": "inventory.py"})

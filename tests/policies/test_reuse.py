@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.models import Chunk, Completion, NormalizedRequest
+from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest
 from proxy.policies.reuse import Flight, ReuseCache, typed_through
 
 
@@ -28,10 +28,14 @@ def _request(prefix: str, suffix: str | None = "\n", file: str = "a.py", session
     return NormalizedRequest(id="r", dialect="test", session=session, prefix=prefix, suffix=suffix, file_path=file)
 
 
+PROMPT = BudgetedPrompt("p", None, 16, (), 1, 1, False, "chars")
+
+
 def _done(text: str) -> Flight:
     completion = Completion(id="c")
     completion.add(Chunk(text, finish_reason="stop"))
-    flight = Flight(completion)
+    flight = Flight(completion, PROMPT)
+    flight.finished = True  # the upstream ended it on its own
     flight.end()
     return flight
 
@@ -61,7 +65,7 @@ def test_a_failed_completion_is_never_reused() -> None:
     cache = ReuseCache()
     completion = Completion(id="c")
     completion.add(Chunk("compute(1)"))
-    flight = Flight(completion)
+    flight = Flight(completion, PROMPT)
     flight.end(RuntimeError("upstream dropped"))
     cache.remember(_request("x = "), flight)
     assert cache.lookup(_request("x = comp")) is None

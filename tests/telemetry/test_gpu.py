@@ -32,7 +32,7 @@ async def test_no_driver_says_why_once_and_records_none(caplog: pytest.LogCaptur
         raise GpuUnavailableError("NVML unavailable: NVML Shared Library Not Found")
 
     sampler = GpuSampler(opener)
-    with caplog.at_level(logging.INFO, logger="mellum_proxy.gpu"):
+    with caplog.at_level(logging.DEBUG, logger="mellum_proxy.gpu"):
         sampler.open()
     assert sampler.source == "none"
     assert "Shared Library Not Found" in sampler.reason
