@@ -166,3 +166,38 @@ def _drop(request: web.Request) -> None:
     transport = request.transport
     if transport is not None:
         transport.abort()
+
+
+def captive_portal() -> web.Application:
+    """Every path answered 200 with an HTML page, as a captive portal or a gateway's login page does: an
+    upstream that looks up and is no model server."""
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(text="<html><body>Please sign in to the network</body></html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", page)
+    return app
+
+
+class SilentServer:
+    """A server that accepts connections and never says a word (a hung process, a black-holing firewall)."""
+
+    def __init__(self) -> None:
+        self.held: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._hold, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self.url
+
+    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.held.append(writer)
+
+    async def __aexit__(self, *exc: object) -> None:
+        for writer in self.held:
+            writer.close()
+        if self.server is not None:
+            self.server.close()

@@ -1,9 +1,11 @@
 """`mellum-proxy bench soak`: many mixed requests with faults injected; does anything leak or go unlogged?
 
-`mellum-proxy serve` runs as its own process, with a request log, in front of this process's
-`FaultUpstream`. `clients` concurrent editors (one session each) send `requests` completions: every
-dialect, streamed or not; most answered normally, the rest meeting an upstream fault (named in
-the prompt), a malformed body, or a client that goes away mid-answer. The proxy's VmRSS, open
+`mellum-proxy serve` runs as its own process, with a request log, in front of three upstreams in
+failover order: a captive portal (HTML for everything), a server that accepts and never answers,
+and this process's `FaultUpstream`, which serves. `clients` concurrent editors (one session each)
+send `requests` completions: every dialect, streamed or not; most answered normally, the rest
+meeting an upstream fault (named in the prompt), a malformed body, a client that goes away
+mid-answer or reads slowly, or coming from a web page (a foreign `Origin`, a `text/plain` body). The proxy's VmRSS, open
 file descriptors, threads and asyncio tasks are read once it is warm and after every tenth of the
 requests. At the end the proxy is stopped with SIGTERM and its log read back: every request that
 got an answer must have its line (by `X-Request-Id`), and no answer may be a 500.
@@ -27,7 +29,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.fault_upstream import FaultUpstream
+from bench.fault_upstream import FaultUpstream, SilentServer, captive_portal
 from bench.memory import _free_port, _wait_healthy, rss_mib
 from proxy.http import serve_app
 
@@ -39,6 +41,8 @@ FAULT_MIX = {
 }  # fmt: skip
 MALFORMED_SHARE = 0.05
 GONE_SHARE = 0.03
+PAGE_SHARE = 0.03  # a web page's request: a foreign Origin, or a text/plain body (403 / 415)
+SLOW_SHARE = 0.03  # a client that reads its answer 64 bytes at a time
 BODIES = {
     "/v1/completions": lambda text: {"prompt": text, "suffix": ")"},
     "/infill": lambda text: {"input_prefix": text, "input_suffix": ")"},
@@ -72,22 +76,36 @@ class Client:
         path = self.rng.choice(list(BODIES))
         stream = self.rng.random() < 0.5
         roll = self.rng.random()
+        headers = {"Content-Type": "application/json", "X-Session-Id": f"editor-{self.number}"}
         if roll < MALFORMED_SHARE:
             kind, data = "malformed", self.rng.choice(MALFORMED)
         else:
-            kind = "gone" if roll < MALFORMED_SHARE + GONE_SHARE else self._fault()
-            fault = "ok" if kind == "gone" else kind
+            kind = self._kind(roll - MALFORMED_SHARE)
+            fault = kind if kind in FAULT_MIX else "ok"
             body = BODIES[path](f"def f{self.rng.randrange(10**6)}(  # [fault:{fault}]") | {"stream": stream}
             data = orjson.dumps(body)
+            if kind == "page":
+                page = self.rng.choice([{"Origin": "https://attacker.example"}, {"Content-Type": "text/plain"}])
+                headers |= page
         self.kinds[kind] += 1
-        headers = {"Content-Type": "application/json", "X-Session-Id": f"editor-{self.number}"}
         async with self.session.post(self.url + path, data=data, headers=headers) as resp:
             if kind == "gone":
                 self.gone += 1
                 resp.close()  # the editor went away before the end of the answer
                 return
-            await resp.read()
+            if kind == "slow":
+                while await resp.content.read(64):
+                    await asyncio.sleep(0.005)  # noqa: ASYNC110  (the pace of a slow reader, not a wait for state)
+            else:
+                await resp.read()
             self.answered[resp.headers["X-Request-Id"]] = resp.status
+
+    def _kind(self, roll: float) -> str:
+        for kind, share in (("gone", GONE_SHARE), ("page", PAGE_SHARE), ("slow", SLOW_SHARE)):
+            if roll < share:
+                return kind
+            roll -= share
+        return self._fault()
 
     async def run(self, count: int) -> None:
         for _ in range(count):
@@ -98,11 +116,12 @@ async def measure(requests: int, clients: int, seed: int, progress: Callable[[st
     fake = FaultUpstream(tokens=4)
     folder = Path(tempfile.mkdtemp(prefix="mellum-soak-"))
     log = folder / "requests.jsonl"
-    async with serve_app(fake.app()) as upstream:
+    async with serve_app(fake.app()) as upstream, serve_app(captive_portal()) as portal, SilentServer() as silent:
         port = _free_port()
-        args = ["-m", "proxy", "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--tokenizer",
-                "chars", "--timeout-ms", "500", "--max-concurrency", "64", "--max-queue", "64", "--log", str(log),
-                "--log-max-mb", "4096"]  # fmt: skip
+        args = ["-m", "proxy", "serve", "--upstream", portal, "--upstream", silent, "--upstream", upstream,
+                "--listen", f"127.0.0.1:{port}", "--tokenizer", "chars", "--timeout-ms", "500", "--max-concurrency",
+                "64", "--max-queue", "64", "--log", str(log), "--log-max-mb", "4096", "--health-interval-ms", "200",
+                "--upstream-answer-timeout-ms", "300"]  # fmt: skip
         process = await asyncio.create_subprocess_exec(
             sys.executable, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
         )

@@ -25,18 +25,23 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import anyio
+
 from proxy.budget import ContextBudget, cursor_in_comment_or_string
 from proxy.clock import LOOP_CLOCK, Clock
 from proxy.errors import ProxyError, UpstreamStatusError
 from proxy.models import Answer, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
+from proxy.observe import Changes
 from proxy.policies import AdmissionQueue, Deadline, Debouncer, Dispatch, Lease, QueueFullError, Supersede, Ticket
 from proxy.policies.lines import LineGate
-from proxy.policies.reuse import Flight, Hit, ReuseCache
+from proxy.policies.reuse import Flight, Hit, ReuseCache, rest_end
 from proxy.telemetry import RequestRecord, Telemetry
 from proxy.upstream.errors import context_overflow
 
 log = logging.getLogger("mellum_proxy")
 
+MAX_FLIGHT_BYTES = 1 << 20  # an upstream answer larger than this (128 tokens are ~1 KB) is cut
+CLOSE_ANSWER_S = 1.0  # at shutdown, for the requests cut at the end of the grace to write their last event
 KEEP_PREFILL_MAX_S = 2.0  # the longest a timed-out request may go on to finish its prefill
 TAKEOVER_GRACE_S = 0.05  # how long an abandoned stream waits for a newer keystroke to take it over
 LET_GO_TIMEOUT_S = 10.0  # the longest a cancelled request keeps its slot waiting for the server
@@ -86,6 +91,8 @@ class CompletionService:
         self.prefill_s: float | None = None  # running estimate of the time to first token
         self.sent_upstream = 0  # upstream requests sent and not yet let go by the server
         self._flights: set[asyncio.Task[None]] = set()
+        self._open: set[anyio.CancelScope] = set()  # the requests being served
+        self._idle = Changes()  # notified when the last one ends
 
     async def complete(self, request: NormalizedRequest, answer: Answer) -> None:
         """Answer `request`; a `ProxyError` becomes `answer.fail`, never a raise."""
@@ -93,8 +100,13 @@ class CompletionService:
         record.queue_depth = self.policies.admission.depth
         record.inflight = self.policies.admission.running
         completion = Completion(id=f"cmpl-{request.id}")
+        scope = anyio.CancelScope()  # the proxy's own: cut at the end of the shutdown grace (`close`)
+        self._open.add(scope)
         try:
-            outcome = await self._run(request, answer, completion, record)
+            with scope:
+                outcome = await self._run(request, answer, completion, record)
+            if scope.cancelled_caught:
+                outcome = Outcome.SHUTDOWN
             record.outcome = outcome
             await answer.finish(completion, outcome)
         except ProxyError as error:
@@ -109,11 +121,29 @@ class CompletionService:
             record.outcome = Outcome.INTERNAL_ERROR
             await answer.fail(completion, ProxyError("internal proxy error (see the proxy's log)"))
         finally:
+            self._open.discard(scope)
             self.telemetry.finish(record, completion)
+            if not self._open:
+                self._idle.notify()
 
     async def drain(self) -> None:
         """Wait for the upstream requests still running (for shutdown and tests)."""
         while self._flights:
+            await asyncio.gather(*self._flights, return_exceptions=True)
+
+    async def close(self, grace_s: float) -> None:
+        """Shut down: the requests being served get `grace_s` to finish; then each is answered with what it
+        has and its dialect's final event (outcome `shutdown`), and every task of the service (upstream
+        requests, slot releases) is cancelled and awaited, so none outlives the upstream session."""
+        with contextlib.suppress(TimeoutError):
+            await self._idle.wait_for(lambda: not self._open, grace_s)
+        for scope in list(self._open):
+            scope.cancel()
+        with contextlib.suppress(TimeoutError):
+            await self._idle.wait_for(lambda: not self._open, CLOSE_ANSWER_S)  # their last events, then done
+        while self._flights:
+            for task in list(self._flights):
+                task.cancel()
             await asyncio.gather(*self._flights, return_exceptions=True)
 
     async def _warm_up(
@@ -202,11 +232,17 @@ class CompletionService:
         completion.model, completion.created = source.model, source.created
         completion.upstream_id = source.upstream_id  # whose completion this is the rest of
         completion.context_tokens, completion.max_tokens = source.context_tokens, source.max_tokens
+        max_tokens, stops = self._asked(request)
         if flight.done:
             rest = hit.rest(cut=flight.cut)
             if rest is None:
                 return None
             finish = (source.finish_reason or "stop") if flight.finished else "length"
+            end, why = rest_end(flight, len(hit.typed), max_tokens, stops)
+            if end is not None and end - len(hit.typed) < len(rest):
+                rest, finish = rest[: end - len(hit.typed)], why
+            if not rest:
+                return None
             return await self._send_reused(completion, answer, record, rest, finish)
         # Still streaming: follow it (a newer keystroke supersedes this request as it would any other).
         flight.listeners += 1
@@ -218,16 +254,20 @@ class CompletionService:
                 with ticket.scope:
                     seen = taken = 0
                     gate = LineGate()
+                    limited: str | None = None  # the finish reason of this request's own limits, once reached
                     while True:
                         await flight.wait(seen)
                         seen = len(flight.batches)
                         text = source.text
                         if not (text.startswith(hit.typed) or hit.typed.startswith(text)):
                             break  # it wrote something else than what was typed
+                        end, limited = rest_end(flight, len(hit.typed), max_tokens, stops)
+                        if end is not None:
+                            text = text[:end]
                         new = text[len(hit.typed) + taken :] if len(text) > len(hit.typed) + taken else ""
                         taken += len(new)
                         piece = gate.feed(new) if new else ""
-                        if flight.done and not flight.cut:
+                        if (flight.done and not flight.cut) or limited:
                             piece += gate.flush()
                         if piece:
                             if not sent:
@@ -237,7 +277,7 @@ class CompletionService:
                             chunk = Chunk(piece)
                             completion.add(chunk)
                             await answer.send(completion, [chunk])
-                        if flight.done:
+                        if flight.done or limited:
                             break
                 if ticket.scope.cancelled_caught:
                     return Outcome.CANCELLED if ticket.superseded else Outcome.TIMEOUT
@@ -245,8 +285,16 @@ class CompletionService:
             self._leave(flight)
         if not sent:
             return None
-        completion.finish_reason = (source.finish_reason or "stop") if flight.finished else "length"
+        completion.finish_reason = limited or ((source.finish_reason or "stop") if flight.finished else "length")
         return Outcome.REUSED
+
+    def _asked(self, request: NormalizedRequest) -> tuple[int | None, list[str]]:
+        """What this request's own answer may hold: at most this many tokens, up to these stop strings."""
+        cap = self.budget.settings.max_tokens
+        max_tokens = cap if request.max_tokens is None else min(request.max_tokens, cap)
+        stop = request.params.get("stop")
+        stops = [stop] if isinstance(stop, str) else [s for s in stop or () if isinstance(s, str)]
+        return max_tokens, stops
 
     async def _send_reused(
         self, completion: Completion, answer: Answer, record: RequestRecord, rest: str, finish: str | None
@@ -348,6 +396,7 @@ class CompletionService:
         completion = flight.completion
         sent_at = self.clock.now()
         finished = False
+        size = 0  # bytes the upstream sent: kept for every listener, so bounded
         self.sent_upstream += 1
         served_by = getattr(self.upstream, "served_by", None)  # which of several upstreams answers
         try:
@@ -365,12 +414,16 @@ class CompletionService:
                     flight.push(list(batch))
                     if has_text and flight.stop_at_first_token:
                         break  # the prefill is in the cache: that is all it was kept for
+                    size += sum(len(chunk.raw) if chunk.raw is not None else len(chunk.text) for chunk in batch)
+                    if size > MAX_FLIGHT_BYTES:  # a server that ignores max_tokens: cut, as at the cap
+                        flight.push([Chunk("", finish_reason="length")])
+                        break
                 else:
                     finished = flight.finished = True
             if served_by is not None and completion.served_by is None:
                 completion.served_by = served_by(request.id)  # an answer without a chunk
             prompt_tokens = (completion.usage or {}).get("prompt_tokens")
-            if finished and isinstance(prompt_tokens, int):
+            if finished and isinstance(prompt_tokens, int) and flight.prompt is not None:
                 self.budget.observe(flight.prompt.prompt, prompt_tokens)  # calibrates the `chars` estimate
             flight.end()
         except ProxyError as error:
@@ -382,6 +435,7 @@ class CompletionService:
             flight.end()
             raise
         finally:
+            flight.prompt = None  # reuse keeps the flight, not the prompt it sent
             if finished:
                 self.sent_upstream -= 1
                 lease.release()
@@ -394,8 +448,10 @@ class CompletionService:
         """The upstream's batches for `flight.prompt`; a prompt it refuses as over its context is fitted again,
         harder, once (a count-only tokenizer's estimate, or a tokenizer that disagrees with the server, can
         overshoot), and becomes the flight's prompt."""
+        prompt = flight.prompt
+        assert prompt is not None, "a flight's prompt is dropped only once it has ended"
         try:
-            async with aclosing(self.upstream.stream_completion(request, flight.prompt)) as batches:
+            async with aclosing(self.upstream.stream_completion(request, prompt)) as batches:
                 async for batch in batches:
                     yield batch
             return
@@ -403,8 +459,8 @@ class CompletionService:
             counted = context_overflow(error)
             if counted is None or flight.batches:  # only a refusal before anything streamed is asked again
                 raise
-        flight.prompt = await self.budget.refit(request, flight.prompt, counted)
-        async with aclosing(self.upstream.stream_completion(request, flight.prompt)) as batches:
+        flight.prompt = prompt = await self.budget.refit(request, prompt, counted)
+        async with aclosing(self.upstream.stream_completion(request, prompt)) as batches:
             async for batch in batches:
                 yield batch
 

@@ -123,6 +123,9 @@ class Settings(BaseSettings):
     # --- request handling --------------------------------------------------------------------
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
     upstream_connect_timeout_ms: int = Field(1000, ge=1, description="Give up connecting after this long.")
+    upstream_answer_timeout_ms: int = Field(
+        5000, ge=0, description="Longest wait for a completion's answer to start (status, headers; 0: none)."
+    )
     passthrough_timeout_ms: int = Field(
         30000, ge=0, description="Longest silence from the upstream on forwarded routes (chat, models; 0: none)."
     )

@@ -4,9 +4,11 @@
      ├── InvalidRequestError        400  the client's body is not what the endpoint takes
      ├── RequestTooLargeError       413  body over --max-body-bytes
      ├── UnauthorizedError          401  no or a wrong --auth-token
-     ├── ForbiddenError             403  /status or /metrics asked under a foreign Host name
+     ├── ForbiddenError             403  a web page's request: a foreign Host, Origin or Sec-Fetch-Site
      ├── NotFoundError              404  unknown path
      ├── MethodNotAllowedError      405
+     ├── RequestTimeoutError        408  the request's body did not arrive in time
+     ├── UnsupportedMediaTypeError  415  a body a web page can send without asking (text/plain, a form)
      └── UpstreamError              502  anything that went wrong talking to the model server
           ├── UpstreamUnavailableError  502  connection refused / reset / DNS
           ├── UpstreamTimeoutError      504  the upstream did not answer in time
@@ -66,6 +68,16 @@ class NotFoundError(ProxyError):
 class MethodNotAllowedError(ProxyError):
     status = 405
     type = "method_not_allowed"
+
+
+class RequestTimeoutError(ProxyError):
+    status = 408
+    type = "request_timeout"
+
+
+class UnsupportedMediaTypeError(ProxyError):
+    status = 415
+    type = "unsupported_media_type"
 
 
 class UpstreamError(ProxyError):

@@ -30,6 +30,7 @@ class Outcome(enum.StrEnum):
     SKIPPED = "skipped"
     UPSTREAM_ERROR = "upstream_error"
     INTERNAL_ERROR = "internal_error"  # a defect in the proxy: logged with its traceback, answered as a 500
+    SHUTDOWN = "shutdown"  # still being served at the end of the shutdown grace: answered with what it had
     BAD_REQUEST = "bad_request"
 
 

@@ -107,7 +107,7 @@ class ContextBudget:
         self.counter = counter
         self.lines = LineCounts()
         self._fallback = CharsEstimator()
-        self.clamped_from: int | None = None  # the setting, when the server's context per request lowered it
+        self.configured_context = settings.max_context_tokens  # the setting; the server's may lower it
         self._overheads: dict[tuple[str, str | None, str | None], int] = {}
 
     def observe(self, prompt: str, prompt_tokens: int) -> None:
@@ -115,15 +115,13 @@ class ContextBudget:
         self.counter.observe(prompt, prompt_tokens)
         self._fallback.observe(prompt, prompt_tokens)
 
-    def clamp(self, server_context: int) -> bool:
-        """Never plan past the server's context per request (llama.cpp splits `-c` over its slots); whether
-        the budget was lowered."""
-        if server_context >= self.settings.max_context_tokens:
+    def fit(self, server_context: int | None) -> bool:
+        """Plan for the serving upstream: the setting, lowered to its context per request when it says one
+        (llama.cpp splits `-c` over its slots), never past it; whether that changed the budget."""
+        target = min(self.configured_context, server_context) if server_context else self.configured_context
+        if target == self.settings.max_context_tokens:
             return False
-        log.debug("context budget: %d -> %d tokens (the upstream's context per request)",
-                  self.settings.max_context_tokens, server_context)  # fmt: skip
-        self.clamped_from = self.settings.max_context_tokens
-        self.settings = dataclasses.replace(self.settings, max_context_tokens=server_context)
+        self.settings = dataclasses.replace(self.settings, max_context_tokens=target)
         self._overheads.clear()
         return True
 

@@ -173,10 +173,11 @@ def template_for(spec: str) -> FimTemplate | None:
     return FimTemplate("custom", body=spec.replace("\\n", "\n"))
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=2)
 def parse_any(prompt: str) -> tuple[FimTemplate, FimParts] | None:
-    """Recognise a prompt pre-rendered with any built-in template. The last few answers are kept: the
-    context budget and typed-through reuse both read the same request's prompt."""
+    """Recognise a prompt pre-rendered with any built-in template. The last two answers are kept: the
+    context budget and typed-through reuse both read the same request's prompt (no more: a prompt can be
+    megabytes)."""
     for template in BUILTIN.values():
         if all(marker in prompt for marker in template.markers):
             parts = template.parse(prompt)

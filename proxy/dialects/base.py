@@ -35,8 +35,13 @@ def header(headers: Mapping[str, str], name: str) -> str | None:
 
 
 def session_key(headers: Mapping[str, str], user: str | None = None) -> str:
-    """`X-Session-Id`, else the body's `user`, else `default`."""
-    return header(headers, "X-Session-Id") or user or "default"
+    """`X-Session-Id`, else the body's `user`, else `default` and the client's `User-Agent`: clients that say
+    nothing of themselves do not share one session (its supersede, its typing rhythm, its reuse entries)."""
+    named = header(headers, "X-Session-Id") or user
+    if named:
+        return named
+    agent = header(headers, "User-Agent")
+    return f"default/{agent[:64]}" if agent else "default"
 
 
 class Discovery(Protocol):
@@ -85,7 +90,7 @@ def finish_reason(completion: Completion, outcome: Outcome) -> str:
     a cancel after some text: a cut completion never says `stop`), `stop` otherwise."""
     if completion.finish_reason:
         return completion.finish_reason
-    if outcome is Outcome.TIMEOUT or (outcome is Outcome.CANCELLED and completion.chunks):
+    if outcome is Outcome.TIMEOUT or (outcome in (Outcome.CANCELLED, Outcome.SHUTDOWN) and completion.chunks):
         return "length"
     return "stop"
 

@@ -6,6 +6,7 @@ imports `aiohttp.web`.
 
 from proxy.http.app import build_app
 from proxy.http.keys import (
+    CONNECTIONS,
     EMBEDDED,
     GPU_OPENER,
     POLICIES,
@@ -20,6 +21,7 @@ from proxy.http.keys import (
 from proxy.http.server import serve, serve_app
 
 __all__ = [
+    "CONNECTIONS",
     "EMBEDDED",
     "GPU_OPENER",
     "POLICIES",

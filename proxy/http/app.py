@@ -12,8 +12,9 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.http import lifecycle
-from proxy.http.guard import token_middleware
-from proxy.http.keys import BOOTED, RECORDS, SETTINGS
+from proxy.http.connections import ConnectionGuard
+from proxy.http.guard import browser_guard, token_middleware
+from proxy.http.keys import BOOTED, CONNECTIONS, RECORDS, SETTINGS
 from proxy.http.middleware import error_middleware, request_id
 from proxy.http.routes import add_routes
 from proxy.telemetry import RecentRecords
@@ -21,12 +22,13 @@ from proxy.telemetry import RecentRecords
 
 def build_app(settings: Settings) -> web.Application:
     """The proxy's app: start it with `proxy.http.serve_app` or a test client."""
-    middlewares = [error_middleware]
+    middlewares = [error_middleware, browser_guard(settings)]  # the guard's refusals are rendered by the first
     if settings.auth_token:
         middlewares.append(token_middleware(settings.auth_token))  # its refusals are rendered by the first
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[BOOTED] = time.monotonic()
+    app[CONNECTIONS] = ConnectionGuard()  # counts for /status once it listens (`proxy.http.server.listen`)
     app[RECORDS] = RecentRecords()
     if settings.embedded:
         app.cleanup_ctx.append(lifecycle.embedded_upstream)

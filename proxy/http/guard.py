@@ -1,11 +1,16 @@
-"""Who may talk to the proxy: an optional bearer token on every endpoint, and a `Host` check on the
-endpoints that show its state.
+"""Who may talk to the proxy: no web page, and with `--auth-token` only who holds the token.
 
-`/status` and `/metrics` show settings, file paths and session ids. A web page the developer opens
-can reach a loopback port through DNS rebinding (its own name, re-pointed at 127.0.0.1); the
-request then carries that name as `Host`. So they answer only a `Host` that is an IP address,
-`localhost`, or the name the proxy listens on. `--auth-token` guards everything, for a proxy that
-listens beyond this machine.
+The threat is a page in the developer's browser. It can send a "simple" cross-origin POST to a loopback
+port (no preflight for `text/plain` or a form), and through DNS rebinding (its own name, re-pointed at
+127.0.0.1) even read the answers. Editors and plugins are not browsers: they send no `Origin` and name
+this machine in `Host`. So every route (`browser_guard`) refuses, with 403 in the route's dialect:
+- a `Host` that is not an IP address, `localhost` or the name the proxy listens on (DNS rebinding);
+- an `Origin` that is not the proxy's own (a page elsewhere; `null`: a sandboxed page or a file);
+- `Sec-Fetch-Site` other than `same-origin` or `none` (what modern browsers say of a cross-site request);
+- a `text/plain` or `multipart/form-data` body (what a page can send without asking first; no plugin does):
+  415.
+`--auth-token` guards everything besides, for a proxy that listens beyond this machine (then any `Host`
+is accepted: the page cannot send the token).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import ipaddress
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.errors import ForbiddenError, UnauthorizedError
+from proxy.errors import ForbiddenError, UnauthorizedError, UnsupportedMediaTypeError
 
 
 def token_middleware(token: str) -> web.Middleware:
@@ -31,6 +36,37 @@ def token_middleware(token: str) -> web.Middleware:
         return await handler(request)
 
     return require_token
+
+
+_PAGE_BODIES = ("text/plain", "multipart/form-data")  # CORS-safelisted: sent cross-origin without a preflight
+
+
+def browser_guard(settings: Settings) -> web.Middleware:
+    """Refuse what a web page could make the developer's browser send (see the module docstring)."""
+    listen_host = settings.listen_host.lower()
+    any_host = bool(settings.auth_token) and not settings.loopback_only
+
+    @web.middleware
+    async def refuse_pages(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+        host = request.headers.get("Host")
+        if not any_host and not host_allowed(host, listen_host):
+            raise ForbiddenError(f"{request.path} answers only requests addressed to this machine (Host)")
+        origin = request.headers.get("Origin")
+        if origin is not None and not same_origin(origin, host):
+            raise ForbiddenError("requests from web pages are refused (Origin)")
+        if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+            raise ForbiddenError("requests from web pages are refused (Sec-Fetch-Site)")
+        if request.method == "POST" and request.content_type in _PAGE_BODIES:
+            raise UnsupportedMediaTypeError(f"a {request.content_type} body is refused: send application/json")
+        return await handler(request)
+
+    return refuse_pages
+
+
+def same_origin(origin: str, host: str | None) -> bool:
+    """Whether `Origin` names the proxy itself: `http://` and the same host and port as `Host`."""
+    scheme, sep, rest = origin.strip().lower().partition("://")
+    return bool(sep) and scheme == "http" and host is not None and rest.rstrip("/") == host.strip().lower()
 
 
 def check_host(request: web.Request, settings: Settings) -> None:

@@ -10,6 +10,7 @@ from proxy.completion import CompletionService, Policies
 from proxy.config import Settings
 from proxy.dialects import Dialect
 from proxy.dialects.base import CompletionRoute
+from proxy.http.connections import ConnectionGuard
 from proxy.http.probes import UpstreamProbes
 from proxy.telemetry import RecentRecords, Telemetry
 from proxy.upstream import UpstreamClient
@@ -17,6 +18,7 @@ from proxy.upstream.embedded import EmbeddedServer
 from proxy.upstream.failover import Upstreams
 
 SETTINGS = web.AppKey("settings", Settings)
+CONNECTIONS = web.AppKey("connections", ConnectionGuard)  # set when it listens through `serve`/`serve_app`
 BOOTED = web.AppKey("booted", float)  # time.monotonic() when the app was built: "ready in N s"
 UPSTREAM = web.AppKey("upstream", UpstreamClient)  # the primary upstream (what the probes ask)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)  # all of them, in order: the one serving answers

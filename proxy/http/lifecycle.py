@@ -19,10 +19,11 @@ from aiohttp import web
 from proxy.budget import BudgetSettings, CharsEstimator, ContextBudget, TokenCounter, UpstreamTokenizer, template_for
 from proxy.budget.gguf_vocab import UnsupportedVocabulary
 from proxy.budget.local import load_local
-from proxy.budget.tokenizers import upstream_counter
+from proxy.budget.tokenizers import Tokenize, upstream_counter
 from proxy.clock import LOOP_CLOCK, Clock
 from proxy.completion import CompletionService, Policies
 from proxy.config import Settings
+from proxy.errors import UpstreamError
 from proxy.http.keys import (
     BOOTED,
     EMBEDDED,
@@ -136,10 +137,10 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
             log_dropped=lambda: sum(sink.dropped for sink in telemetry.sinks()),
             upstreams=pool.status,
         )
-        budget = ContextBudget(budget_settings(settings), await build_counter(settings, upstream))
+        budget = ContextBudget(budget_settings(settings), await build_counter(settings, pool, upstream.model))
         embedded_first = EMBEDDED in app and urls[0] == app[EMBEDDED].url
         model = (app[EMBEDDED].model or packaged_model()) if embedded_first else None
-        probes = app[PROBES] = UpstreamProbes(settings, upstream, policies, budget, model, slots_known=known)
+        probes = app[PROBES] = UpstreamProbes(settings, upstream, policies, budget, model, known, tokenize=pool)
         if found is not None:
             probes.apply(found)
         if budget.settings.template is None:
@@ -151,16 +152,20 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
             await probes.prepare()  # decided (and the embedded server warm) before the first request can come
         tasks = [asyncio.create_task(probes.run(), name="upstream-probes")]
         if len(clients) > 1:
-            pool.on_up = fallback_discovery(settings, budget)
+            pool.on_up = fallback_discovery(settings)
             for client, up in zip(clients[1:], reachable[1:], strict=True):
                 if up:
                     await pool.on_up(client)
             log.info("upstreams in order: %s; health checked every %d ms",
                      ", ".join(c.shown_url for c in clients), settings.health_interval_ms)  # fmt: skip
+            if pool.client is not upstream:
+                await probes.follow(pool.client)  # the primary is down: the fallback serves, as it is
             tasks.append(asyncio.create_task(pool.watch(settings.health_interval_ms / 1000), name="upstream-health"))
+            tasks.append(asyncio.create_task(follow_serving(pool, probes), name="upstream-follow"))
         try:
             yield
         finally:
+            await app[SERVICE].close(0)  # its tasks use the session: they end before it closes
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -178,8 +183,8 @@ def ready_block(app: web.Application) -> str:
         upstream += f" (embedded llama.cpp, {threads} thread{'s' if threads > 1 else ''})"
     found = probes.found.describe() if probes.found else "not reachable yet"
     context = f"{budget.settings.max_context_tokens} tokens a request"
-    if budget.clamped_from is not None:
-        context += f" (max_context_tokens {budget.clamped_from} lowered to the upstream's)"
+    if budget.settings.max_context_tokens < budget.configured_context:
+        context += f" (max_context_tokens {budget.configured_context} lowered to the upstream's)"
     why = probes.template_why if template is not None and template.name != "custom" else "set"
     tokenizer = budget.counter.method + (" (exact)" if budget.counter.exact_count else " (estimate)")
     deadline = f"timeout_ms {settings.timeout_ms}" if settings.timeout_ms else "no deadline"
@@ -208,6 +213,7 @@ def upstream_urls(settings: Settings, embedded_url: str | None) -> list[str]:
 def upstream_client_for(session: aiohttp.ClientSession, url: str, settings: Settings) -> UpstreamClient:
     client = UpstreamClient(session, url)
     client.model = settings.upstream_model
+    client.answer_timeout_s = settings.upstream_answer_timeout_ms / 1000 or None
     if settings.default_temperature is not None:
         client.defaults["temperature"] = settings.default_temperature
     if settings.routing_key != "none":
@@ -217,16 +223,14 @@ def upstream_client_for(session: aiohttp.ClientSession, url: str, settings: Sett
     return client
 
 
-def fallback_discovery(settings: Settings, budget: ContextBudget) -> Callable[[UpstreamClient], Awaitable[None]]:
-    """What a fallback upstream says when it is (again) up: its model, and a context the budget must fit."""
+def fallback_discovery(settings: Settings) -> Callable[[UpstreamClient], Awaitable[None]]:
+    """What a fallback upstream says when it is (again) up: the model it serves (its context, slots and
+    tokenizer are taken when it serves: `UpstreamProbes.follow`)."""
 
     async def discover_fallback(client: UpstreamClient) -> None:
         found = await discover(client)
         if settings.upstream_model is None and found.model is not None:
             client.model = found.model
-        if found.context is not None and budget.clamp(found.context):
-            log.info("context budget: %s -> %d tokens (fallback %s's context per request)", budget.clamped_from,
-                     found.context, client.shown_url)  # fmt: skip
         log.info("fallback upstream %s: %s", client.shown_url, found.describe())
 
     return discover_fallback
@@ -267,17 +271,33 @@ def budget_settings(settings: Settings) -> BudgetSettings:
     )
 
 
-async def build_counter(settings: Settings, upstream: UpstreamClient) -> TokenCounter:
+async def follow_serving(pool: Upstreams, probes: UpstreamProbes) -> None:
+    """For the app's lifetime: whenever another upstream starts serving, the proxy follows it."""
+    followed = [pool.client]
+    while True:
+        try:
+            await pool.changes.wait_for(lambda: pool.client is not followed[-1], timeout_s=3600)
+        except TimeoutError:
+            continue
+        current = pool.client
+        followed[-1:] = [current]
+        try:
+            await probes.follow(current)
+        except UpstreamError as exc:  # it went down again meanwhile: the next change says who serves
+            log.info("upstream %s: %s", current.shown_url, exc.type)
+
+
+async def build_counter(settings: Settings, upstream: Tokenize, model: str | None = None) -> TokenCounter:
     """The tokenizer to start with. `auto`: the upstream's /tokenize when it answers (with each token's text,
     else a count), else the calibrated character estimate; `UpstreamProbes` may find an exact local one later."""
     choice = settings.tokenizer
     if choice == "chars":
         return CharsEstimator()
     if choice == "upstream":
-        return await upstream_counter(upstream, upstream.model) or UpstreamTokenizer(upstream)
+        return await upstream_counter(upstream, model) or UpstreamTokenizer(upstream)
     if choice != "auto":
         try:
             return await asyncio.to_thread(load_local, Path(choice))  # reading the file blocks
         except UnsupportedVocabulary as exc:
             raise ValueError(str(exc)) from exc
-    return await upstream_counter(upstream, upstream.model) or CharsEstimator()
+    return await upstream_counter(upstream, model) or CharsEstimator()

@@ -20,7 +20,7 @@ from pathlib import Path
 from proxy.budget import CharsEstimator, ContextBudget, UpstreamTokenizer
 from proxy.budget.local import find_local
 from proxy.budget.templates import PREFIX_ONLY, template_the_model_knows
-from proxy.budget.tokenizers import CountingTokenizer, upstream_counter
+from proxy.budget.tokenizers import CountingTokenizer, TokenCounter, Tokenize, upstream_counter
 from proxy.completion import Policies
 from proxy.config import Settings
 from proxy.errors import UpstreamError
@@ -43,9 +43,12 @@ class UpstreamProbes:
         budget: ContextBudget,
         embedded_model: Path | None = None,
         slots_known: bool = True,
+        tokenize: Tokenize | None = None,
     ) -> None:
         self.settings = settings
         self.upstream = upstream
+        self.tokenize = tokenize or upstream  # whose /tokenize counts: the one serving (`Upstreams`)
+        self.counters: dict[str, TokenCounter] = {}  # by upstream URL, once found: taken back when it serves again
         self.policies = policies
         self.budget = budget
         self.embedded_model = embedded_model
@@ -67,10 +70,11 @@ class UpstreamProbes:
         if self.settings.tokenizer == "auto":
             counter = self.budget.counter
             server = counter if isinstance(counter, UpstreamTokenizer | CountingTokenizer) else None
-            server = server or await upstream_counter(self.upstream, self.upstream.model)
+            server = server or await upstream_counter(self.tokenize, self.upstream.model)
             local = await find_local(self.upstream, self.embedded_model, server.ids if server else None)
             if local is not None:
                 self._switch_tokenizer(local, "agrees with the upstream's /tokenize", quiet=False)
+                self.counters[self.upstream.base_url] = local
                 await self.check_template()  # when nothing could tell before
         self.settled.set()
 
@@ -149,7 +153,7 @@ class UpstreamProbes:
                 return False
             self._use_slots(slots)
         if self.settings.tokenizer == "auto" and isinstance(self.budget.counter, CharsEstimator):
-            tokenizer = await upstream_counter(self.upstream, self.upstream.model)
+            tokenizer = await upstream_counter(self.tokenize, self.upstream.model)
             if tokenizer is None:
                 return True  # ready, but without a /tokenize: `chars` stays
             self._switch_tokenizer(tokenizer, "the upstream answers /tokenize")
@@ -161,15 +165,38 @@ class UpstreamProbes:
         settings = self.settings
         if settings.upstream_model is None and found.model is not None and self.upstream.model != found.model:
             self.upstream.model = found.model
-        if found.context is not None and self.budget.clamp(found.context):
-            self._say("context budget: %s -> %d tokens (the upstream's context per request)",
-                      self.budget.clamped_from, found.context)  # fmt: skip
+        if self.budget.fit(found.context):
+            budget = self.budget
+            self._say("context budget: %d tokens (max_context_tokens %d; the upstream's per request: %s)",
+                      budget.settings.max_context_tokens, budget.configured_context, found.context)  # fmt: skip
         if settings.max_concurrency == 0 and found.slots is not None:
             self._use_slots(found.slots)
         elif found.kind != "llama.cpp":
             self.slots_known = True  # only llama.cpp says; the others keep the setting (or 1)
         if found != previous:
             self._say("upstream %s: %s", self.upstream.shown_url, found.describe())
+
+    async def follow(self, client: UpstreamClient) -> None:
+        """Serve from `client` now (a failover, or the first one back): its model, its context per request,
+        its slots and its tokenizer, not the primary's (a fallback once ran at the primary's concurrency of
+        1 for good)."""
+        kind = self.settings.upstream_kind if client is self.upstream else "auto"
+        found = await discover(client, kind)
+        if self.settings.upstream_model is None and found.model is not None:
+            client.model = found.model
+        self.budget.fit(found.context)
+        if self.settings.max_concurrency == 0:
+            slots = found.slots or 1
+            if slots != self.policies.admission.limit:
+                self.policies.admission.resize(slots)
+        if self.settings.tokenizer == "auto":
+            counter = self.counters.get(client.base_url) or await upstream_counter(self.tokenize, client.model)
+            self.budget.use(counter or CharsEstimator())
+            if counter is not None:
+                self.counters[client.base_url] = counter
+        log.info("serving from %s: %s; %d upstream at once, %d tokens a request, tokenizer %s", client.shown_url,
+                 found.describe(), self.policies.admission.limit, self.budget.settings.max_context_tokens,
+                 self.budget.counter.method)  # fmt: skip
 
     def _say(self, message: str, *args: object) -> None:
         """A change of the proxy's view: a line of its own once the ready block has been said, else part of it."""

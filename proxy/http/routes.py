@@ -14,10 +14,11 @@ from proxy import __version__
 from proxy.dialects import REGISTRY, Dialect
 from proxy.dialects.base import CompletionRoute, DiscoveryRoute, openai_error
 from proxy.dialects.openai import DONE, sse
-from proxy.errors import InvalidRequestError, ProxyError
+from proxy.errors import InvalidRequestError, ProxyError, RequestTimeoutError
 from proxy.http.answer import HttpAnswer
 from proxy.http.guard import check_host
 from proxy.http.keys import (
+    CONNECTIONS,
     POLICIES,
     PROBES,
     RECORDED,
@@ -36,6 +37,7 @@ from proxy.upstream.passthrough import relay
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 GET_SILENCE_S = 5.0  # the most a forwarded GET (`/v1/models`) waits for the upstream's answer
+BODY_READ_S = 10.0  # for a request's body to arrive (a client that trickles it holds a connection)
 
 
 def add_routes(app: web.Application) -> None:
@@ -58,7 +60,11 @@ def add_routes(app: web.Application) -> None:
 
 
 async def read_json(request: web.Request) -> object:
-    body = await request.read()
+    try:
+        async with asyncio.timeout(BODY_READ_S):
+            body = await request.read()
+    except TimeoutError as exc:
+        raise RequestTimeoutError(f"the request body did not arrive within {BODY_READ_S:.0f} s") from exc
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -169,6 +175,7 @@ async def status(request: web.Request) -> web.Response:
         "upstreams": app[UPSTREAMS].status(),
         "inflight": policies.admission.running,
         "tasks": len(asyncio.all_tasks()),  # for leak checks (`bench soak`)
+        "connections": connections_status(app),
         "queued": policies.admission.depth,
         "debouncing": policies.debouncer.held(),
         "sessions": policies.supersede.sessions(),
@@ -190,6 +197,13 @@ async def status(request: web.Request) -> web.Response:
         ],
     }
     return web.json_response(body, dumps=_dumps)
+
+
+def connections_status(app: web.Application) -> dict[str, int] | None:
+    guard = app.get(CONNECTIONS)
+    if guard is None or guard.factory is None:
+        return None  # not listening through `serve` (a test client)
+    return {"open": guard.open, "limit": guard.limit, "refused": guard.refused, "too_slow": guard.too_slow}
 
 
 def vram_status(gpu: GpuSampler | None) -> dict[str, object]:

@@ -6,7 +6,11 @@ the same suffix, its prefix is that completion's prefix plus text the completion
 answer is the rest of the completion: exactly the previous text minus what was typed, never a
 guess. The same rule covers a backspace inside the typed-through part and re-asking the same
 position (nothing typed). The editor's window may have dropped lines from the top of the prefix
-meanwhile: the prefixes are compared at the cursor end.
+meanwhile: the prefixes are compared at the cursor end, over the context the completion was made for
+(its whole prefix, or its last `ALIGN_CHARS`): a new prefix shorter than that is not the same place.
+
+Memory is bounded in bytes, not only in entries: an entry keeps the last `ALIGN_CHARS` of its prefix
+and a digest of its suffix (length and hash), never the whole prompt, whatever the client sent.
 
 A completion still streaming can be taken over: the newer request follows it (`Flight`) instead of
 cancelling it, and is answered once it ends if its text still agrees.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.budget.templates import parse_any
@@ -25,6 +30,7 @@ from proxy.policies.lines import complete_lines
 ENTRIES_PER_SESSION = 4
 MAX_SESSIONS = 256
 ALIGN_CHARS = 2048  # how much of the prefix before the typed text must agree, at most
+MIN_CONTEXT = 256  # ... and at least (or all of a shorter prefix): a few characters are no place at all
 STREAM_AHEAD = 64  # how far typing may run past a completion still streaming
 
 
@@ -37,7 +43,7 @@ class Flight:
     """
 
     completion: Completion
-    prompt: BudgetedPrompt  # what the upstream is asked
+    prompt: BudgetedPrompt | None  # what the upstream is asked; dropped once it ends (reuse keeps the flight)
     batches: list[list[Chunk]] = field(default_factory=list)
     done: bool = False
     error: BaseException | None = None
@@ -70,17 +76,37 @@ class Flight:
     def ok(self) -> bool:
         return self.done and self.error is None
 
+    def token_ends(self) -> list[int]:
+        """Where each token of the text ends: the upstream streams a token an event (a server that answered
+        in one body counts as one token)."""
+        ends, at = [], 0
+        for batch in self.batches:
+            for chunk in batch:
+                if chunk.has_text:
+                    at += len(chunk.text)
+                    ends.append(at)
+        return ends
+
     @property
     def cut(self) -> bool:
         """Cut short: by a deadline, a cancel or an error, or by the upstream at the proxy's `max_tokens` cap."""
         return not self.finished or (self.capped and self.completion.finish_reason == "length")
 
 
+SuffixKey = tuple[int, int] | None  # (length, hash) of the text after the cursor
+
+
+def suffix_key(suffix: str | None) -> SuffixKey:
+    """The suffix's digest: a string's hash is computed once and kept by the string itself."""
+    return None if suffix is None else (len(suffix), hash(suffix))
+
+
 @dataclass(eq=False, slots=True)
 class Entry:
     file_path: str | None
-    prefix: str
-    suffix: str | None
+    prefix_tail: str  # the last ALIGN_CHARS of the prefix the completion was made for
+    prefix_len: int
+    suffix: SuffixKey
     flight: Flight
 
     @property
@@ -118,7 +144,8 @@ class ReuseCache:
         if cursor is None:
             return
         entries = self._sessions.pop(request.session, None) or deque(maxlen=ENTRIES_PER_SESSION)
-        entries.append(Entry(cursor[0], cursor[1], cursor[2], flight))
+        path, prefix, suffix = cursor
+        entries.append(Entry(path, prefix[-ALIGN_CHARS:], len(prefix), suffix_key(suffix), flight))
         self._sessions[request.session] = entries
         if len(self._sessions) > MAX_SESSIONS:
             self._sessions.popitem(last=False)
@@ -131,19 +158,38 @@ class ReuseCache:
         if not entries or cursor is None:
             return None
         file_path, prefix, suffix = cursor
+        key = suffix_key(suffix)
         for entry in reversed(entries):
-            if entry.file_path != file_path or entry.suffix != suffix:
+            if entry.file_path != file_path or entry.suffix != key:
                 continue
             flight = entry.flight
             if flight.done and not flight.ok:
                 continue
-            typed = typed_through(entry.prefix, prefix, entry.text, streaming=not flight.done)
+            typed = typed_through(entry.prefix_tail, prefix, entry.text, not flight.done, entry.prefix_len)
             if typed is None:
                 continue
             hit = Hit(entry, typed)
             if not flight.done or hit.rest(cut=flight.cut) is not None:
                 return hit
         return None
+
+
+def rest_end(flight: Flight, start: int, max_tokens: int | None, stops: Sequence[str]) -> tuple[int | None, str | None]:
+    """Where the rest of `flight`'s text after `start` characters ends for a request that asks for at most
+    `max_tokens` and stops at `stops` (a plugin switching to one line, say), and the finish reason that gives;
+    (None, None) when neither limits it. A reused answer is cut as the server would have cut it."""
+    text = flight.completion.text
+    end: int | None = None
+    why: str | None = None
+    for stop in stops:
+        at = text.find(stop, start) if stop else -1
+        if at >= 0 and (end is None or at < end):
+            end, why = at, "stop"
+    if max_tokens is not None:
+        ends = [at for at in flight.token_ends() if at > start]
+        if len(ends) > max_tokens and (end is None or ends[max_tokens - 1] < end):
+            end, why = ends[max_tokens - 1], "length"
+    return end, why
 
 
 def _cursor(request: NormalizedRequest) -> tuple[str | None, str, str] | None:
@@ -158,29 +204,36 @@ def _cursor(request: NormalizedRequest) -> tuple[str | None, str, str] | None:
     return parts.path or request.file_path, parts.prefix, parts.suffix
 
 
-def typed_through(old_prefix: str, new_prefix: str, text: str, streaming: bool = False) -> str | None:
+def typed_through(
+    old_prefix: str, new_prefix: str, text: str, streaming: bool = False, old_len: int | None = None
+) -> str | None:
     """What was typed after `old_prefix` to make `new_prefix`, when it is the start of `text` (for a
     completion still `streaming`: when it agrees with the text so far, or runs up to `STREAM_AHEAD`
     characters past it); None otherwise.
 
-    The prefixes are compared at the cursor end, over at most `ALIGN_CHARS` (the editor's window may
-    drop its first lines as the person types); the longest typed text that fits wins.
+    The prefixes are compared at the cursor end, over the context the completion was made for: its last
+    `ALIGN_CHARS` (`old_prefix` holds them; `old_len` was its full length), or as much of them as the new
+    prefix has when the editor's window dropped its first lines, but never fewer than `MIN_CONTEXT` (or all
+    of a shorter old prefix): a new prefix without that context is another place, however its last
+    characters look. The longest typed text that fits wins. The new prefix is never
+    copied: the work is linear in the completion's length, whatever the prompt's.
     """
+    known = min(len(old_prefix) if old_len is None else old_len, ALIGN_CHARS)
+    least = min(known, MIN_CONTEXT)
     longest = min(len(new_prefix), len(text) + (STREAM_AHEAD if streaming else 0))
     for size in range(longest, -1, -1):
         if size:
-            last = new_prefix[-1]
-            if size <= len(text) and text[size - 1] != last:
+            if size <= len(text) and text[size - 1] != new_prefix[-1]:
                 continue  # the cheap test first: the typed text must end where the completion did
             typed = new_prefix[-size:]
             if not (text.startswith(typed) if size <= len(text) else typed.startswith(text)):
                 continue
         else:
             typed = ""
-        before = new_prefix[: len(new_prefix) - size]
-        span = min(len(old_prefix), len(before), ALIGN_CHARS)
-        if span == 0 and (old_prefix or before):
-            continue  # nothing to align on
-        if before[len(before) - span :] == old_prefix[len(old_prefix) - span :]:
+        end = len(new_prefix) - size  # where the text before the typed part ends
+        span = min(known, end)
+        if span < least or (known == 0 and end > 0):
+            continue  # it lacks the context the completion was made for
+        if new_prefix.startswith(old_prefix[len(old_prefix) - span :], end - span, end):
             return typed
     return None

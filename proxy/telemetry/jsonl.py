@@ -9,8 +9,9 @@ A log that cannot be written (a read-only directory, a full disk) never fails a 
 failure is reported at once (a warning on stderr; `error` for `/status`, `errors` for `/metrics`);
 the writer keeps the lines and tries again with a growing pause, and resumes when the file can be
 written again. Each batch is written as whole lines: what a failed write left of it is cut off
-again. While it cannot write, the queue keeps the newest `max_queued` lines and counts the ones it
-drops (`dropped`).
+again. A batch is at most `BATCH_BYTES`, so a disk that frees less room than the whole backlog still
+takes the log back a batch at a time. While it cannot write, the queue keeps the newest `max_queued`
+lines and counts the ones it drops (`dropped`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ log = logging.getLogger("mellum_proxy")
 MAX_QUEUED = 50_000  # lines kept while the file cannot be written (~830 B each: ~40 MB at most)
 RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)  # pauses between attempts to write again
 CLOSING_ATTEMPTS = 3  # at shutdown, the log is given up after this many more failed attempts
+BATCH_BYTES = 256 * 1024  # written at once at most (one line more when a single line is larger)
 
 
 class JsonlLog:
@@ -94,7 +96,8 @@ class JsonlLog:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            batch, end = list(self._lines), self._first + len(self._lines)
+            batch = _head(self._lines, BATCH_BYTES)
+            end = self._first + len(batch)
             try:
                 await asyncio.to_thread(self._write, b"".join(batch))
             except Exception as exc:  # OSError above all; anything else must not stop the writer either
@@ -186,3 +189,14 @@ class JsonlLog:
                 older.unlink()
             if newer.exists():
                 newer.rename(older)
+
+
+def _head(lines: deque[bytes], limit: int) -> list[bytes]:
+    """The oldest lines whose size adds up to at most `limit` bytes (at least one)."""
+    batch, size = [], 0
+    for line in lines:
+        if batch and size + len(line) > limit:
+            break
+        batch.append(line)
+        size += len(line)
+    return batch

@@ -77,6 +77,10 @@ class UpstreamClient:
         self.routing_header: str | None = None  # a router's sticky-routing header (`routing_key_header`)
         self.developer_id = ""  # its value, unless `route_sessions`
         self.route_sessions = False  # key by the editor session instead of the developer
+        # The longest a completion's answer may take to start (its status and headers): llama.cpp and vLLM
+        # send them at once and stream the prefill's result later; a server silent this long is down. None:
+        # no limit but the request's deadline (Ollama answers only with its first token).
+        self.answer_timeout_s: float | None = None
         self._held_source: str | None = ""  # "": not probed yet; None: the server cannot say
 
     def routing(self, request: NormalizedRequest | None = None) -> dict[str, str]:
@@ -132,11 +136,12 @@ class UpstreamClient:
         data: bytes | None = None,
         headers: dict[str, str] | None = None,
         limit: aiohttp.ClientTimeout | None = None,
+        answer_s: float | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """An upstream response whose status is below 400, closed (socket dropped) on any error.
 
         Transport errors raised while the caller reads the body inside the `async with` are
-        translated too.
+        translated too. `answer_s` bounds the wait for the answer's status and headers.
 
         Raises:
             UpstreamError: the upstream is unreachable, timed out or answered 4xx/5xx.
@@ -146,7 +151,7 @@ class UpstreamClient:
         if limit is not None:
             options["timeout"] = limit
         with translate_errors(self.shown_url + path):
-            resp = await self._send(method, url, options)
+            resp = await self._answered(method, url, options, answer_s)
             try:
                 if resp.status >= 400:
                     raise status_error(resp.status, await resp.read())
@@ -156,6 +161,12 @@ class UpstreamClient:
                 raise
             finally:
                 resp.release()
+
+    async def _answered(self, method: str, url: str, options: dict[str, Any], within_s: float | None) -> Any:
+        if within_s is None:
+            return await self._send(method, url, options)
+        async with asyncio.timeout(within_s):  # the answer's start; the body may take its prefill's time
+            return await self._send(method, url, options)
 
     async def _send(self, method: str, url: str, options: dict[str, Any]) -> aiohttp.ClientResponse:
         """Send the request; once more on a fresh connection when a pooled one turns out closed.
@@ -182,13 +193,14 @@ class UpstreamClient:
         headers = {**_JSON, **self.routing(request)} if self.routing_header else None
         if self.native_ollama:
             body = orjson.dumps(ollama.generate_payload(request, prompt, self.model, self.defaults))
+            # no `answer_timeout_s`: Ollama starts its answer only with its first token
             async with self.open("POST", ollama.GENERATE_PATH, body, headers) as resp:
                 async for batch in ollama.read_ndjson(resp.content.iter_any()):
                     yield batch
                 await _drain(resp)
             return
         body = orjson.dumps(_payload(request, prompt, self.model, self.defaults))
-        async with self.open("POST", "/v1/completions", body, headers) as resp:
+        async with self.open("POST", "/v1/completions", body, headers, answer_s=self.answer_timeout_s) as resp:
             if resp.content_type == "application/json":
                 yield [chunk_from_bytes(await resp.read())]
                 return
@@ -224,13 +236,14 @@ class UpstreamClient:
 
         A `/health` that is not ok is asked again through `/v1/models`: vllm-router answers `/health` 503
         while any one of its workers is down, and still serves from the others (seen with 0.1.17); a
-        llama.cpp server still loading its model answers 503 on both.
+        llama.cpp server still loading its model answers 503 on both. An HTML page is no model server's
+        answer (a captive portal's, a gateway's login page), whatever its status.
         """
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         for path in ("/health", "/v1/models"):
             try:
                 async with self.session.get(self.url(path), timeout=timeout) as resp:
-                    if resp.status < 400:
+                    if resp.status < 400 and resp.content_type != "text/html":
                         return True
             except (aiohttp.ClientError, TimeoutError):
                 return False

@@ -1,8 +1,11 @@
 """`Upstreams`: several model servers in order of preference; the first one that is up serves.
 
 A team's router first, the developer's own server (or the embedded one) after it: when the one
-serving refuses the connection or answers 5xx before the first token, the request is sent again to
-the next one, and that upstream is marked down (a circuit breaker: no later request waits on it).
+serving refuses the connection, answers 5xx, answers something that is no completion (a captive
+portal's HTML page, events it cannot read) or does not start its answer in time, before the first
+token, the request is sent again to the next one, and that upstream is marked down (a circuit breaker:
+no later request waits on it). One request cannot take the last upstream that is up down with it: a
+request that makes the only healthy server fail is that request's failure, not the server's.
 A health check every `interval_s` brings a down upstream back as soon as it answers, and takes one
 that stopped answering out. A failure after the first token cannot be retried (the editor has the
 start of the answer): it is the client's error, as with one upstream.
@@ -20,7 +23,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.errors import UpstreamError, UpstreamStatusError, UpstreamUnavailableError
+from proxy.errors import (
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamStatusError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
 from proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
 from proxy.observe import Changes
 from proxy.upstream.client import UpstreamClient
@@ -31,8 +40,9 @@ SERVED_KEPT = 4096  # request ids whose serving upstream is kept until the servi
 
 
 def worth_failing_over(error: UpstreamError) -> bool:
-    """The upstream is down or broken, not the request: unreachable, or a 5xx of its own."""
-    if isinstance(error, UpstreamUnavailableError):
+    """The upstream is down or broken, not the request: unreachable, silent, speaking no completion
+    protocol, or a 5xx of its own (a 4xx is about the request)."""
+    if isinstance(error, UpstreamUnavailableError | UpstreamTimeoutError | UpstreamProtocolError):
         return True
     return isinstance(error, UpstreamStatusError) and error.upstream_status >= 500
 
@@ -97,12 +107,14 @@ class Upstreams:
         return self._served.pop(request_id, None)
 
     async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[list[Chunk]]:
-        """The completion from the first member that is up; on to the next one while none has answered.
+        """The completion from the first member that is up; on to the next one while none has answered (those
+        down come last).
 
         Raises:
             UpstreamError: the last one tried failed, or one failed after its first chunk.
         """
-        candidates = [m for m in self.members if m.up] or list(self.members)
+        # Those up first, in order; then those down, which may be back by now (never before one that is up).
+        candidates = [m for m in self.members if m.up] + [m for m in self.members if not m.up]
         for index, member in enumerate(candidates):
             started = False
             try:
@@ -116,7 +128,7 @@ class Upstreams:
                 if started or not worth_failing_over(error):
                     raise
                 member.failed += 1
-                if len(self.members) > 1:  # one alone is always asked: nothing watches it come back
+                if any(other.up for other in self.members if other is not member):  # never the last one up
                     self._down(member, error.message)
                 if index == len(candidates) - 1:
                     raise

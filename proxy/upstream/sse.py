@@ -3,7 +3,8 @@
 The body is read as it arrives (`iter_any`), not line by line: each read's complete events become
 one batch, so the proxy parses and writes once per network read rather than once per token. Events
 follow the SSE rules: `data:` lines up to a blank line form one event (several `data:` lines are
-joined into one line), comments and other fields are skipped, and the stream ends at `data: [DONE]`.
+joined into one line), comments and other fields are skipped, and the stream ends at `data: [DONE]`
+(or `AFTER_FINISH_S` after the event with the finish reason, when a server never says `[DONE]`).
 An event with an `error` member is the server's own error report (llama.cpp sends one when decoding
 fails mid-stream). Each chunk keeps its event's JSON bytes (`raw`). Only what the record and the
 answer's end need is parsed: the first event, and any event with a finish reason, usage or error;
@@ -13,6 +14,7 @@ OpenAI dialect passes them on without decoding or encoding them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
@@ -24,6 +26,7 @@ from proxy.upstream.errors import status_error
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024  # one event larger than this is not a completion stream
 DONE = b"[DONE]"
+AFTER_FINISH_S = 0.25  # after the finish reason, for the usage event and `[DONE]`
 
 
 class EventSplitter:
@@ -92,11 +95,23 @@ async def read_sse(body: AsyncIterable[bytes]) -> AsyncIterator[list[Chunk]]:
         UpstreamProtocolError: an event is not a JSON object of the completion shape.
         UpstreamStatusError: the server reported an error inside the stream.
     """
-    splitter, first = EventSplitter(), True
-    async for data in body:
+    splitter, first, finished = EventSplitter(), True, False
+    reads = aiter(body)
+    while True:
+        try:
+            if finished:  # a finish reason came: the usage event and `[DONE]` follow at once, if at all
+                async with asyncio.timeout(AFTER_FINISH_S):
+                    data = await anext(reads)
+            else:
+                data = await anext(reads)
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            return  # a server that sent its finish reason but keeps the stream open: the answer is whole
         batch, done = _chunks(splitter.feed(data), first)
         if batch:
             first = False
+            finished = finished or any(chunk.finish_reason is not None for chunk in batch)
             yield batch
         if done:
             return

@@ -113,7 +113,7 @@ async def test_continues_ollama_provider_reads_one_context_the_budget_uses(
     lowered to the server's, not the setting."""
     _fake, url = await fake_upstream()
     proxy = await make_proxy(upstream=url, tokenizer="chars", max_context_tokens=4096)
-    proxy.app[PROBES].budget.clamp(1024)  # what discovery does when the server has 1,024 per request
+    proxy.app[PROBES].budget.fit(1024)  # what discovery does when the server has 1,024 per request
     resp = await proxy.post("/api/show", json={"model": "mellum"})
     show = await resp.json()
     assert resp.status == 200, show

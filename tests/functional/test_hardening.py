@@ -82,7 +82,7 @@ async def test_status_and_metrics_answer_only_this_machines_names(make_proxy: Pr
         for host in ("localhost:8011", "127.0.0.1:8011", "[::1]:8011"):
             assert (await proxy.get(path, headers={"Host": host})).status == 200, (path, host)
     completion = await proxy.post("/v1/completions", json={"prompt": "x"}, headers={"Host": "attacker.example"})
-    assert completion.status == 200  # plugins' own requests are not state reads
+    assert completion.status == 403  # DNS rebinding: a page would read the editor's completions through reuse
 
 
 async def test_an_auth_token_is_required_on_every_endpoint(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
@@ -212,3 +212,85 @@ async def test_a_defect_after_the_first_event_ends_the_stream_and_is_recorded(
     assert "error" in lines[-2] and lines[-1]["done"] is True
     assert proxy.app[RECORDS].last().outcome == "internal_error"
     assert "a defect" in caplog.text  # logged with its traceback
+
+
+async def test_slow_clients_and_too_many_connections_are_cut_off(fake_upstream: Any) -> None:
+    """Slowloris: connections that never finish their headers are closed after the header deadline, and
+    beyond the connection limit new ones are closed at once, so the proxy keeps accepting and serving."""
+    from proxy.http import CONNECTIONS, build_app
+
+    _, url = await fake_upstream()
+    app = build_app(Settings(upstream=url, tokenizer="chars"))
+    async with serve_app(app) as base:
+        guard = app[CONNECTIONS]
+        guard.limit, guard.header_s = 20, 0.3
+        port = int(base.rsplit(":", 1)[1])
+        slow = []
+        for _ in range(30):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and nothing more
+            slow.append((reader, writer))
+        closed = await asyncio.gather(*(asyncio.wait_for(reader.read(), 5) for reader, _ in slow))
+        assert closed == [b""] * 30  # every one closed by the proxy: 10 at once, 20 at the deadline
+        assert (guard.refused, guard.too_slow, guard.open) == (10, 20, 0)
+        status, _body = await raw_request(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                         b"Content-Type: application/json\r\n", b'{"prompt": "x"}')  # fmt: skip
+        assert status == 200
+        for _, writer in slow:
+            writer.close()
+
+
+async def test_a_body_that_trickles_is_answered_408(fake_upstream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.http import build_app, routes
+
+    monkeypatch.setattr(routes, "BODY_READ_S", 0.3)
+    _, url = await fake_upstream()
+    async with serve_app(build_app(Settings(upstream=url, tokenizer="chars"))) as base:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(base.rsplit(":", 1)[1]))
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\"")  # fmt: skip
+        answer = await asyncio.wait_for(reader.readuntil(b"}}"), 5)  # the status line, headers and error body
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive" in answer
+
+
+def endless_upstream(finish_then_hang: bool) -> web.Application:
+    """A server that never ends its stream: one that sends its finish reason and then neither `[DONE]` nor
+    the end of the body, or one that ignores `max_tokens` and sends 64 KB of text an event, for ever."""
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+
+        def event(text: str, finish: str | None) -> bytes:
+            choice = {"text": text, "index": 0, "finish_reason": finish}
+            return b"data: " + orjson.dumps({"id": "x", "object": "text_completion", "choices": [choice]}) + b"\n\n"
+
+        if finish_then_hang:
+            for piece in ("a", "b", "c"):
+                await response.write(event(piece, None))
+            await response.write(event("", "stop"))
+        else:
+            while True:
+                await response.write(event("x" * 65536, None))
+                await asyncio.sleep(0)
+        await asyncio.Event().wait()  # the connection stays open
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    return app
+
+
+@pytest.mark.parametrize("finish_then_hang", [True, False], ids=["finish-without-done", "endless"])
+async def test_a_stream_that_never_ends_is_answered_at_once(
+    make_proxy: ProxyFactory, aiohttp_server: Any, finish_then_hang: bool
+) -> None:
+    server = await aiohttp_server(endless_upstream(finish_then_hang))
+    proxy = await make_proxy(upstream=str(server.make_url("")), tokenizer="chars", timeout_ms=0, reuse=False)
+    resp = await asyncio.wait_for(proxy.post("/v1/completions", json={"prompt": "x = "}), 10)
+    choice = (await resp.json())["choices"][0]
+    if finish_then_hang:
+        assert choice == {"text": "abc", "index": 0, "logprobs": None, "finish_reason": "stop"}
+    else:
+        assert choice["finish_reason"] == "length" and 0 < len(choice["text"]) <= 1 << 20

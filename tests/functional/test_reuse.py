@@ -78,3 +78,30 @@ async def test_reuse_in_every_dialect(make_proxy: ProxyFactory, fake_upstream: A
     assert await _text(second, dialect, stream) == "1 t2 t3 "
     assert len(fake.payloads) == 1
     assert [r.outcome for r in records(proxy)] == ["ok", "reused"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_reused_answer_keeps_to_the_requests_own_stop_and_max_tokens(
+    make_proxy: ProxyFactory, fake_upstream: Any, stream: bool
+) -> None:
+    """A plugin that switches to one line (stop at a newline), or asks for fewer tokens, gets what the server
+    would have given it: never the rest of a longer, multi-line completion."""
+    fake, url = await fake_upstream(pieces=[" sum(", "u.age", ")", "\n", "    return", " total", "\n"])
+    proxy = await make_proxy(upstream=url, tokenizer="chars", timeout_ms=0)
+    body = {"prompt": "total =", "suffix": "\n", "max_tokens": 32}
+    assert (await (await proxy.post("/v1/completions", json=body)).json())["choices"][0]["text"].startswith(" sum(")
+    typed = {**body, "prompt": "total = s", "stream": stream}
+
+    async def answer(extra: dict[str, Any]) -> tuple[str, str]:
+        resp = await proxy.post("/v1/completions", json={**typed, **extra})
+        assert resp.headers.get("X-Mellum-Outcome", "reused") == "reused"
+        if not stream:
+            choice = (await resp.json())["choices"][0]
+            return choice["text"], choice["finish_reason"]
+        events = [orjson.loads(line[6:]) for line in (await resp.read()).split(b"\n\n") if line.startswith(b"data: {")]
+        return "".join(e["choices"][0]["text"] for e in events), events[-1]["choices"][0]["finish_reason"]
+
+    assert await answer({"stop": ["\n"]}) == ("um(u.age)", "stop")
+    assert await answer({"max_tokens": 2}) == ("um(u.age", "length")  # the rest of " sum(", then "u.age"
+    assert await answer({}) == ("um(u.age)\n    return total\n", "stop")
+    assert len(fake.payloads) == 1 and all(r.outcome == "reused" for r in records(proxy)[1:])

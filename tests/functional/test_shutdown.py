@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from pathlib import Path
+from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from proxy.config import Settings
@@ -55,3 +59,62 @@ async def test_in_flight_stream_finishes_after_stop(embedded_server: EmbeddedSer
     finally:
         stop.set()
         await server
+
+
+async def test_streams_longer_than_the_grace_end_with_their_final_event(
+    fake_upstream: Any, unused_tcp_port: int, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At the end of the grace every open stream gets its dialect's final event and its record says
+    `shutdown`; the log is complete, and no task outlives the upstream session (no traceback)."""
+    _fake, upstream = await fake_upstream(tokens=100_000, token_delay_s=0.02, slots=64)
+    log = tmp_path / "requests.jsonl"
+    settings = Settings(upstream=upstream, listen=f"127.0.0.1:{unused_tcp_port}", timeout_ms=0, tokenizer="chars",
+                        max_tokens=100_000, shutdown_timeout_s=0.5, log=log, reuse=False)  # fmt: skip
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(settings, stop))
+    base = f"http://{settings.listen}"
+    bodies = {
+        "/v1/completions": ({"prompt": "x = "}, lambda last: b'"finish_reason":"length"' in last, b"data: [DONE]"),
+        "/infill": ({"input_prefix": "x = ", "input_suffix": ""}, lambda last: b'"stop":true' in last, None),
+        "/completion": ({"prompt": "x = "}, lambda last: b'"stop":true' in last, None),
+        "/api/generate": ({"prompt": "x = ", "model": "m"}, lambda last: b'"done":true' in last, None),
+    }
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _wait_listening(session, base)
+            streams = [
+                await session.post(base + path, json={**body, "stream": True}, headers={"X-Session-Id": f"{path}{i}"})
+                for path, (body, _, _) in bodies.items() for i in range(5)
+            ]  # fmt: skip
+            for resp in streams:
+                await resp.content.readline()  # each has begun
+            with caplog.at_level(logging.WARNING):
+                stopped = asyncio.get_running_loop().time()
+                stop.set()
+                raws = await asyncio.gather(*(resp.read() for resp in streams))
+                ended = asyncio.get_running_loop().time() - stopped
+                await asyncio.wait_for(server, 10)
+        assert ended < settings.shutdown_timeout_s + 0.2 + 1.0  # the grace, the accept window, one second
+        for (path, (_, final, end)), chunk in zip(
+            [(p, b) for p, b in bodies.items() for _ in range(5)], range(len(streams)), strict=True
+        ):
+            raw = raws[chunk].rstrip(b"\n")
+            last = raw.split(b"\n")[-1] if end is None else raw.split(b"\n\n")[-2]
+            assert final(last), (path, raw[-300:])
+            if end is not None:
+                assert raw.endswith(end)
+        lines = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+        assert len(lines) == 20 and {line["outcome"] for line in lines} == {"shutdown"}
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        stop.set()
+        await server
+
+
+async def _wait_listening(session: aiohttp.ClientSession, base: str) -> None:
+    for _ in range(200):  # the server task needs a moment to bind; connecting is the signal
+        with contextlib.suppress(aiohttp.ClientConnectorError):
+            async with session.get(base + "/health") as resp:
+                if resp.status == 200:
+                    return
+        await asyncio.sleep(0.05)

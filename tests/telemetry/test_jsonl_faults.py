@@ -129,3 +129,39 @@ def test_a_directory_made_read_only_mid_run(tmp_path: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("ok") and int(done.stdout.split()[1]) >= 1
+
+
+CHILD = r"""
+import asyncio, resource, signal, sys
+from pathlib import Path
+from proxy.telemetry import JsonlLog
+
+async def main(path):
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))  # the disk is full at 64 KB
+    log = JsonlLog(Path(path), max_bytes=1 << 30)
+    log.start()
+    for i in range(4000):  # ~1.2 MB of backlog
+        log.put({"id": i, "pad": "x" * 280})
+    await log.wait_until(lambda sink: sink.errors >= 2)
+    stuck = log.written
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024 + 300 * 1024, hard))  # 300 KB freed: less than the backlog
+    await log.wait_until(lambda sink: sink.written > stuck, timeout_s=20)
+    print(stuck, log.written)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_the_log_resumes_when_less_room_is_freed_than_its_backlog(tmp_path: Path) -> None:
+    """A full disk that frees 300 KB under a 1.2 MB backlog: written a batch at a time, it goes on (one write
+    of the whole backlog never fitted: the log never resumed)."""
+    path = tmp_path / "requests.jsonl"
+    result = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    stuck, written = map(int, result.stdout.split())
+    assert written > stuck and path.stat().st_size <= (64 + 300) * 1024
+    lines = path.read_bytes().splitlines()
+    assert [orjson.loads(line)["id"] for line in lines] == list(range(len(lines)))  # whole lines, in order

@@ -1,0 +1,116 @@
+"""Failover that fails over: an upstream that answers garbage or nothing is left for a healthy one, one
+request cannot take every upstream down, and the one that serves brings its own slots and context."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from bench.fault_upstream import SilentServer, captive_portal
+from proxy.http import POLICIES, RECORDS, SERVICE, UPSTREAMS
+from tests.conftest import ProxyFactory
+
+BODY = {"prompt": "def f(", "suffix": ")"}
+
+
+def broken_events() -> web.Application:
+    """A healthy-looking server whose completions are an event stream of bytes that are no event."""
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: {not json at all\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/completions", completions)
+    return app
+
+
+@pytest.fixture
+async def silent_url() -> AsyncIterator[str]:
+    async with SilentServer() as url:
+        yield url
+
+
+async def served_by_second(proxy: Any, second_url: str, requests: int = 20) -> float:
+    for i in range(requests):
+        resp = await proxy.post("/v1/completions", json={**BODY, "prompt": f"def f{i}("})
+        assert resp.status == 200, await resp.text()
+    served = [r for r in proxy.app[RECORDS] if r.upstream == second_url]
+    return len(served) / requests
+
+
+@pytest.mark.parametrize("first", ["portal", "broken_events"])
+async def test_a_garbage_first_upstream_is_failed_over(
+    make_proxy: ProxyFactory, aiohttp_server: Any, fake_upstream: Any, first: str
+) -> None:
+    bad = await aiohttp_server(captive_portal() if first == "portal" else broken_events())
+    _second, second_url = await fake_upstream()
+    bad_url = str(bad.make_url("")).rstrip("/")
+    proxy = await make_proxy(upstream=[bad_url, second_url], tokenizer="chars", reuse=False, health_interval_ms=50)
+    assert await served_by_second(proxy, second_url) >= 0.95
+    pool = proxy.app[UPSTREAMS]
+    assert not pool.members[0].up  # and it stays out: an HTML page is no health answer either
+    await asyncio.sleep(0.2)  # four health checks: a portal's 200 never brings it back
+    if first == "portal":
+        assert not pool.members[0].up
+
+
+async def test_a_silent_first_upstream_is_failed_over(
+    make_proxy: ProxyFactory, fake_upstream: Any, silent_url: str
+) -> None:
+    _second, second_url = await fake_upstream()
+    proxy = await make_proxy(upstream=[silent_url, second_url], tokenizer="chars", reuse=False, timeout_ms=0,
+                             upstream_answer_timeout_ms=300)  # fmt: skip
+    assert await served_by_second(proxy, second_url) >= 0.95
+
+
+async def test_a_silent_lone_upstream_is_an_error_not_a_hang(make_proxy: ProxyFactory, silent_url: str) -> None:
+    proxy = await make_proxy(upstream=silent_url, tokenizer="chars", timeout_ms=0, upstream_answer_timeout_ms=300)
+    resp = await proxy.post("/v1/completions", json=BODY)
+    assert resp.status == 504  # the editor is answered, even without a deadline
+
+
+async def test_one_failing_request_cannot_take_every_upstream_down(
+    make_proxy: ProxyFactory, fake_upstream: Any
+) -> None:
+    """The primary is down; a request that makes the healthy fallback answer 500 is that request's failure:
+    the fallback keeps serving, and the next requests do not go to the dead primary first."""
+    first, first_url = await fake_upstream()
+    second, second_url = await fake_upstream()
+    proxy = await make_proxy(upstream=[first_url, second_url], tokenizer="chars", reuse=False)
+    pool = proxy.app[UPSTREAMS]
+    first.fail_status = 503
+    assert (await proxy.post("/v1/completions", json=BODY)).status == 200  # failed over, first marked down
+    assert not pool.members[0].up
+    second.fail_status = 500  # one bad request on the one that is up (then the one down is tried: 503 too)
+    assert (await proxy.post("/v1/completions", json=BODY)).status in (502, 503)
+    assert pool.members[1].up
+    second.fail_status = None
+    before = len(first.payloads)
+    for _ in range(5):
+        assert (await proxy.post("/v1/completions", json=BODY)).status == 200
+    assert len(first.payloads) == before  # the dead primary was not asked first
+
+
+async def test_the_serving_fallback_brings_its_own_slots_and_context(
+    make_proxy: ProxyFactory, fake_upstream: Any, aiohttp_server: Any
+) -> None:
+    """With the primary down at start, the fallback does not run at the primary's unknown concurrency of 1."""
+    _fallback, fallback_url = await fake_upstream(slots=4)
+    dead = await aiohttp_server(web.Application())
+    dead_url = str(dead.make_url("")).rstrip("/")
+    await dead.close()  # nothing listens there now
+    proxy = await make_proxy(upstream=[dead_url, fallback_url], tokenizer="chars", max_concurrency=0)
+    assert proxy.app[UPSTREAMS].client.base_url == fallback_url
+    assert proxy.app[POLICIES].admission.limit == 4
+    assert proxy.app[SERVICE].budget.counter.method == "chars"
