@@ -94,8 +94,8 @@ class Client:
                 resp.close()  # the editor went away before the end of the answer
                 return
             if kind == "slow":
-                while await resp.content.read(64):
-                    await asyncio.sleep(0.005)  # noqa: ASYNC110  (the pace of a slow reader, not a wait for state)
+                async for _ in resp.content.iter_chunked(64):
+                    await asyncio.sleep(0.005)  # the pace of a slow reader
             else:
                 await resp.read()
             self.answered[resp.headers["X-Request-Id"]] = resp.status
