@@ -186,7 +186,8 @@ def _read_and_remove(folder: Path, log: Path) -> list[dict[str, Any]]:
 
 def render(result: dict[str, Any], command: str) -> str:
     lines = ["# Soak: mixed requests with faults", "", f"`{command}`: `mellum-proxy serve` as its own process in "
-             f"front of `bench.fault_upstream`, {result['clients']} concurrent editors, seed {result['seed']}, "
+             f"front of a captive portal, a silent server and `bench.fault_upstream` (failover in that order), "
+             f"{result['clients']} concurrent editors, seed {result['seed']}, "
              f"{result['elapsed_s']} s.", "", "| requests | RSS MiB | fds | asyncio tasks | threads |",
              "|---|---|---|---|---|"]  # fmt: skip
     for s in result["samples"]:

@@ -107,14 +107,14 @@ class Upstreams:
         return self._served.pop(request_id, None)
 
     async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[list[Chunk]]:
-        """The completion from the first member that is up; on to the next one while none has answered (those
-        down come last).
+        """The completion from the first member that is up; on to the next one while none has answered.
 
         Raises:
             UpstreamError: the last one tried failed, or one failed after its first chunk.
         """
-        # Those up first, in order; then those down, which may be back by now (never before one that is up).
-        candidates = [m for m in self.members if m.up] + [m for m in self.members if not m.up]
+        # Those up, in order; all of them when none is (they may be back by now).
+        candidates = [m for m in self.members if m.up] or list(self.members)
+        first_error: UpstreamError | None = None
         for index, member in enumerate(candidates):
             started = False
             try:
@@ -130,8 +130,9 @@ class Upstreams:
                 member.failed += 1
                 if any(other.up for other in self.members if other is not member):  # never the last one up
                     self._down(member, error.message)
+                first_error = first_error or error
                 if index == len(candidates) - 1:
-                    raise
+                    raise first_error from error  # the one that was asked first says most
                 continue
             if not started:
                 self._remember(request.id, member)

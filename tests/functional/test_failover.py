@@ -120,10 +120,13 @@ async def test_every_upstream_failing_is_the_clients_error(make_proxy: ProxyFact
     first, first_url = await fake_upstream()
     second, second_url = await fake_upstream()
     first.fail_status = second.fail_status = 500
-    proxy = await make_proxy(upstream=[first_url, second_url], tokenizer="chars", reuse=False)
+    proxy = await make_proxy(upstream=[first_url, second_url], tokenizer="chars", reuse=False, health_interval_ms=50)
     resp = await proxy.post("/v1/completions", json=BODY)
     assert resp.status == 502 and "worker failed" in (await resp.json())["error"]["message"]
-    first.fail_status = None  # with none up, the first is tried again first
+    pool = proxy.app[UPSTREAMS]
+    assert [m.up for m in pool.members] == [False, True]  # one request never takes the last one up down
+    first.fail_status = None  # its health check brings the first back, and it serves again
+    await pool.changes.wait_for(lambda: pool.members[0].up)
     assert (await proxy.post("/v1/completions", json=BODY)).status == 200
 
 

@@ -118,3 +118,49 @@ async def _wait_listening(session: aiohttp.ClientSession, base: str) -> None:
                 if resp.status == 200:
                     return
         await asyncio.sleep(0.05)
+
+
+async def test_sigterm_during_50_long_streams_ends_each_one_and_exits_cleanly(
+    fake_upstream: Any, unused_tcp_port: int, tmp_path: Path
+) -> None:
+    """`mellum-proxy serve` as a process: SIGTERM while 50 streams in every dialect run past the grace."""
+    import signal
+    import sys
+
+    _, upstream = await fake_upstream(tokens=100_000, token_delay_s=0.02, slots=64)
+    log = tmp_path / "requests.jsonl"
+    base = f"http://127.0.0.1:{unused_tcp_port}"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--listen", base[7:], "--timeout-ms", "0",
+        "--tokenizer", "chars", "--max-tokens", "100000", "--shutdown-timeout-s", "1", "--log", str(log),
+        "--no-reuse", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    paths = ["/v1/completions", "/infill", "/completion", "/api/generate"]
+    body = {"prompt": "x = ", "input_prefix": "x = ", "model": "m", "stream": True}
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await _wait_listening(session, base)
+            streams = [
+                await session.post(base + paths[i % 4], json=body, headers={"X-Session-Id": str(i)})
+                for i in range(50)
+            ]
+            for resp in streams:
+                await resp.content.readline()
+            process.send_signal(signal.SIGTERM)
+            stopped = asyncio.get_running_loop().time()
+            raws = await asyncio.gather(*(resp.read() for resp in streams))
+            ended = asyncio.get_running_loop().time() - stopped
+        output = (await asyncio.wait_for(process.stdout.read(), 30)).decode()  # type: ignore[union-attr]
+        assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert ended < 1 + 0.2 + 1.0, ended  # the grace, the accept window, one second
+    finals = {"/v1/completions": b"data: [DONE]", "/infill": b'"stop":true', "/completion": b'"stop":true',
+              "/api/generate": b'"done":true'}  # fmt: skip
+    for i, raw in enumerate(raws):
+        assert finals[paths[i % 4]] in raw.rstrip()[-400:], raw[-300:]
+    assert "Traceback" not in output and "ERROR" not in output, output[-2000:]
+    lines = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    assert len(lines) == 50 and {line["outcome"] for line in lines} == {"shutdown"}
