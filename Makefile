@@ -22,6 +22,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check proxy bench tests
 	$(BIN)/ruff format --check proxy bench tests
+	$(BIN)/mypy
 
 gpu-check: $(STAMP)
 	$(BIN)/python -m bench.gpu_check

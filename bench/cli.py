@@ -575,7 +575,8 @@ def orjson_dumps(value: Any) -> str:
 def _report(args: argparse.Namespace) -> None:
     from bench import report
 
-    results, notes = [], []
+    results: list[Any] = []
+    notes: list[str] = []
     try:
         for path in args.results:
             loaded, data = report.load(path)

@@ -90,8 +90,8 @@ def from_recording(path: Path) -> Trace:
         start = line["t"] if start is None else start
         t_ms = round((line["t"] - start) * 1000)
         name = line.get("file") or f"session-{line.get('session', 'default')}"
-        prefix = line.get("prompt") if line.get("prompt") is not None else "x" * int(line["prefix_chars"])
-        suffix = line.get("suffix") if line.get("suffix") is not None else "x" * int(line["suffix_chars"])
+        prefix = str(line["prompt"]) if line.get("prompt") is not None else "x" * int(line["prefix_chars"])
+        suffix = str(line["suffix"]) if line.get("suffix") is not None else "x" * int(line["suffix_chars"])
         events.append(Open(t_ms, name, prefix + suffix))
         events.append(Edit(t_ms, name, len(prefix), 0, ""))
     return Trace(events, {"format": FORMAT, "source": f"mellum-proxy recording {path.name}"})

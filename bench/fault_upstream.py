@@ -147,8 +147,8 @@ class FaultUpstream:
             await response.write(bad[fault])
         for i in range(1, self.tokens):
             await response.write(event(f"t{i} "))
-        usage: Any = {"prompt_tokens": 3, "completion_tokens": self.tokens}
-        extra: dict[str, Any] = {"usage": usage}
+        counts: Any = {"prompt_tokens": 3, "completion_tokens": self.tokens}
+        extra: dict[str, Any] = {"usage": counts}
         if fault == "usage_string":
             extra = {"usage": "three"}
         elif fault == "usage_not_numbers":

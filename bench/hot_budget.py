@@ -20,7 +20,7 @@ import asyncio
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -57,8 +57,8 @@ class RecordingUpstream:
         app = web.Application()
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_post("/tokenize", self._tokenize)
-        app.router.add_get("/health", lambda _: web.json_response({"status": "ok"}))
-        app.router.add_get("/props", lambda _: web.json_response({"total_slots": 1}))
+        app.router.add_get("/health", _answer({"status": "ok"}))
+        app.router.add_get("/props", _answer({"total_slots": 1}))
         app.cleanup_ctx.append(self._session)
         return app
 
@@ -213,3 +213,10 @@ def render(result: dict[str, Any], command: str) -> str:
         lines.append(f"| {row['method']} | {row['completions']} | {row['tokenize_per_completion']:.2f} | "
                      f"{row['over_budget']} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _answer(body: dict[str, Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        return web.json_response(body)
+
+    return handle

@@ -83,7 +83,7 @@ async def proxy_for(policy: Policy, upstream: str) -> AsyncIterator[tuple[str, w
     if policy.settings is None:
         yield upstream, None
         return
-    settings = Settings(**{"upstream": upstream, **policy.settings})  # a policy may name its own upstreams
+    settings = Settings.model_validate({"upstream": upstream, **policy.settings})  # a policy may name its own
     app = build_app(settings)
     app[RECORDS] = RecentRecords(size=1 << 20)  # every record of the replay, not only the last 256
     async with serve_app(app) as url:
@@ -180,7 +180,8 @@ async def run_policy(
         after = await read_metrics(session, upstream)
         duration = plugin.now_ms() / 1000
         acct = account(marks, plugin.results, pause_ms, next_typed(events))
-        records = list(app[RECORDS]) if app is not None else []
+        kept = app[RECORDS] if app is not None else None
+        records = list(kept) if kept is not None else []
         admission = app[POLICIES].admission if app is not None else None
     predicted = _delta(before, after, "tokens_predicted_total")
     upstream_requests = sum(r.reached_upstream for r in records) if app is not None else len(plugin.results)

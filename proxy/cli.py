@@ -121,7 +121,7 @@ def _probe(args: argparse.Namespace) -> None:
         fail("--interval-ms must be at least 10")
     try:
         with contextlib.ExitStack() as files:
-            out: IO[str] = sys.stdout
+            out: IO[str] | _Tee = sys.stdout
             if args.out is not None:
                 out = _Tee(sys.stdout, files.enter_context(args.out.open("w", newline="")))
             summary = probe(args.gpu, args.interval_ms, out, args.count)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -58,7 +58,7 @@ class CompletionSource(Protocol):
 
     def stream_completion(
         self, request: NormalizedRequest, prompt: BudgetedPrompt
-    ) -> AsyncIterator[Sequence[Chunk]]: ...
+    ) -> AsyncGenerator[Sequence[Chunk], None]: ...
 
 
 @dataclass(slots=True)
@@ -237,7 +237,7 @@ class CompletionService:
             rest = hit.rest(cut=flight.cut)
             if rest is None:
                 return None
-            finish = (source.finish_reason or "stop") if flight.finished else "length"
+            finish: str | None = (source.finish_reason or "stop") if flight.finished else "length"
             end, why = rest_end(flight, len(hit.typed), max_tokens, stops)
             if end is not None and end - len(hit.typed) < len(rest):
                 rest, finish = rest[: end - len(hit.typed)], why
@@ -444,7 +444,9 @@ class CompletionService:
                 self._flights.add(releaser)
                 releaser.add_done_callback(self._flights.discard)
 
-    async def _upstream_batches(self, request: NormalizedRequest, flight: Flight) -> AsyncIterator[Sequence[Chunk]]:
+    async def _upstream_batches(
+        self, request: NormalizedRequest, flight: Flight
+    ) -> AsyncGenerator[Sequence[Chunk], None]:
         """The upstream's batches for `flight.prompt`; a prompt it refuses as over its context is fitted again,
         harder, once (a count-only tokenizer's estimate, or a tokenizer that disagrees with the server, can
         overshoot), and becomes the flight's prompt."""

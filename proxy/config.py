@@ -242,7 +242,8 @@ class Settings(BaseSettings):
     @property
     def headers(self) -> dict[str, str]:
         """`upstream_header` as a mapping."""
-        return dict(tuple(part.strip() for part in item.partition("=")[::2]) for item in self.upstream_header)
+        pairs = (item.partition("=") for item in self.upstream_header)
+        return {name.strip(): value.strip() for name, _, value in pairs}
 
     @property
     def dispatch_rule(self) -> str:

@@ -7,7 +7,7 @@ upstream client only ever see this object, never a wire format.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -192,6 +192,9 @@ class BudgetedPrompt:
     truncated: bool
     method: str
     context_tokens: int = 0  # the context per request it was fitted to (prompt + max_tokens stay within)
+
+
+Batches = AsyncGenerator[list[Chunk], None]  # an upstream completion: the chunks of each network read
 
 
 class Answer(Protocol):

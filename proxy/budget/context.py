@@ -288,15 +288,16 @@ class ContextBudget:
     async def _side(self, text: str, budget: int, counter: TokenCounter, known: LineCounts, from_end: bool) -> _Side:
         """Pre-cut `text` on the step grid to what could possibly fit, then count tokens per line."""
         lines = _precut(text, max(1, budget) * PRECUT_CHARS_PER_TOKEN, self.settings.step_lines, from_end)
-        counts = [known.get(line) for line in lines]
-        unseen = [i for i, count in enumerate(counts) if count is None]
+        seen = [known.get(line) for line in lines]
+        unseen = [i for i, count in enumerate(seen) if count is None]
         if len(unseen) > COLD_LINES and counter.exact:
             counts = await _count_lines(lines, counter)
             known.learn(lines, counts)
         else:
+            counts = [count or 0 for count in seen]
             for i in unseen:
                 counts[i] = known.estimate(lines[i]) if counter.exact else len(await counter.offsets(lines[i]))
-        return _Side(lines, counts, len(text) - sum(map(len, lines)))  # type: ignore[arg-type]
+        return _Side(lines, counts, len(text) - sum(map(len, lines)))
 
 
 def _learn(known: LineCounts, offsets: list[int], spans: tuple[tuple[int, str], ...]) -> None:

@@ -106,7 +106,7 @@ def _sentencepiece_bpe(fields: dict[str, Any]) -> Any:
         ignore_merges=False,
     )
     tokenizer = Tokenizer(model)
-    steps = [normalizers.Replace(" ", SPACE)]
+    steps: list[Any] = [normalizers.Replace(" ", SPACE)]
     if fields.get("add_space_prefix", True):
         steps.insert(0, normalizers.Prepend(SPACE))
     tokenizer.normalizer = normalizers.Sequence(steps)

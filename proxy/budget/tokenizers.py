@@ -274,7 +274,8 @@ def _char_offsets(text: str, byte_lengths: list[int]) -> list[int]:
     if text.isascii():
         return [start for start in starts if start < len(text)]
     data = text.encode()
-    offsets, chars, seen = [], 0, 0  # characters begun in data[:seen]
+    offsets: list[int] = []
+    chars = seen = 0  # characters begun in data[:seen]
     for start in starts:
         chars += len(data[seen:start].translate(None, _CONTINUATION))
         seen = start

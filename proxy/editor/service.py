@@ -113,6 +113,6 @@ def is_running(files: ServiceFiles) -> bool | None:
         return result.returncode == 0
     if shutil.which("systemctl") is None:
         return None
-    result = subprocess.run(["systemctl", "--user", "is-active", UNIT_NAME], capture_output=True, text=True,
+    active = subprocess.run(["systemctl", "--user", "is-active", UNIT_NAME], capture_output=True, text=True,
                             timeout=10, check=False)  # fmt: skip
-    return result.stdout.strip() == "active"
+    return active.stdout.strip() == "active"

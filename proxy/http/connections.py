@@ -61,13 +61,13 @@ class _Guarded(asyncio.Protocol):
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self.guard = guard
         self.inner = inner
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.BaseTransport | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.tail = b""  # the last bytes seen, for an end of headers split between two reads
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.guard.open += 1
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         self.timer = asyncio.get_running_loop().call_later(self.guard.header_s, self._too_slow)
         self.inner.connection_made(transport)
 
@@ -98,8 +98,8 @@ class _Guarded(asyncio.Protocol):
     def _too_slow(self) -> None:
         self.timer = None
         self.guard.too_slow += 1
-        if self.transport is not None:
-            self.transport.abort()
+        if isinstance(self.transport, asyncio.Transport):
+            self.transport.abort()  # no lingering: the client sent nothing worth waiting for
 
     def __getattr__(self, name: str) -> Any:  # anything else aiohttp may ask of its protocol
         return getattr(self.inner, name)

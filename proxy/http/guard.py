@@ -19,17 +19,18 @@ import hmac
 import ipaddress
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from proxy.config import Settings
 from proxy.errors import ForbiddenError, UnauthorizedError, UnsupportedMediaTypeError
 
 
-def token_middleware(token: str) -> web.Middleware:
+def token_middleware(token: str) -> Middleware:
     """Every request must carry `Authorization: Bearer TOKEN` (only installed when a token is set)."""
     expected = f"Bearer {token}".encode()
 
     @web.middleware
-    async def require_token(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(given, expected):
             raise UnauthorizedError("this proxy requires 'Authorization: Bearer <its --auth-token>'")
@@ -41,13 +42,13 @@ def token_middleware(token: str) -> web.Middleware:
 _PAGE_BODIES = ("text/plain", "multipart/form-data")  # CORS-safelisted: sent cross-origin without a preflight
 
 
-def browser_guard(settings: Settings) -> web.Middleware:
+def browser_guard(settings: Settings) -> Middleware:
     """Refuse what a web page could make the developer's browser send (see the module docstring)."""
     listen_host = settings.listen_host.lower()
     any_host = bool(settings.auth_token) and not settings.loopback_only
 
     @web.middleware
-    async def refuse_pages(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    async def refuse_pages(request: web.Request, handler: Handler) -> web.StreamResponse:
         host = request.headers.get("Host")
         if not any_host and not host_allowed(host, listen_host):
             raise ForbiddenError(f"{request.path} answers only requests addressed to this machine (Host)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -24,12 +25,12 @@ UPSTREAM = web.AppKey("upstream", UpstreamClient)  # the primary upstream (what 
 UPSTREAMS = web.AppKey("upstreams", Upstreams)  # all of them, in order: the one serving answers
 SERVICE = web.AppKey("service", CompletionService)
 POLICIES = web.AppKey("policies", Policies)
-RECORDS = web.AppKey("records", RecentRecords)
+RECORDS: web.AppKey[RecentRecords] = web.AppKey("records", RecentRecords)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 EMBEDDED = web.AppKey("embedded", EmbeddedServer)
 PROBES = web.AppKey("probes", UpstreamProbes)
 # Tests inject a GPU backend here (a fake, or one that is unavailable); production opens NVML.
-GPU_OPENER = web.AppKey("gpu_opener", Callable[[], object])
+GPU_OPENER: web.AppKey[Callable[[], Any]] = web.AppKey("gpu_opener")
 # Which dialect owns each path (its error shape), and the completion route when it is one.
 ROUTES = web.AppKey("routes", dict[str, tuple[Dialect, CompletionRoute | None]])
 

@@ -15,6 +15,7 @@ import secrets
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from proxy.dialects import DEFAULT, Dialect
 from proxy.dialects.base import session_key
@@ -60,7 +61,7 @@ def as_proxy_error(request: web.Request, exc: BaseException) -> ProxyError:
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     rid = request_id(request)
     try:
         return await handler(request)

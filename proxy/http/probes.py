@@ -139,7 +139,8 @@ class UpstreamProbes:
             self.template_why = f"the model has no token for {', '.join(template.markers)}"
             self.template_why = f"{template.name} -> {known.name}: {self.template_why}"
             self.budget.use_template(known)
-        log.debug("FIM template: %s (%s)", self.budget.settings.template.name, self.template_why)  # type: ignore[union-attr]
+        chosen = self.budget.settings.template
+        log.debug("FIM template: %s (%s)", chosen.name if chosen else "none", self.template_why)
 
     async def _probe(self) -> bool:
         """One round: True when the upstream was ready and everything left open is now known."""
@@ -208,8 +209,8 @@ class UpstreamProbes:
             self._say("upstream: max_concurrency %d -> %d (its slots)", self.policies.admission.limit, slots)
             self.policies.admission.resize(slots)
 
-    def _switch_tokenizer(self, counter: object, why: str, quiet: bool = True) -> None:
+    def _switch_tokenizer(self, counter: TokenCounter, why: str, quiet: bool = True) -> None:
         """Count with `counter` from now on; said at once (`quiet=False`) only after the ready block."""
         log.log(logging.DEBUG if quiet else logging.INFO, "upstream: tokenizer %s -> %s (%s)",
-                self.budget.counter.method, counter.method, why)  # type: ignore[attr-defined]  # fmt: skip
-        self.budget.use(counter)  # type: ignore[arg-type]
+                self.budget.counter.method, counter.method, why)  # fmt: skip
+        self.budget.use(counter)

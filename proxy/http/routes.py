@@ -126,17 +126,17 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             if answer.charset:
                 out.charset = answer.charset
             return out
-        out = web.StreamResponse(status=answer.status)
-        out.content_type = answer.content_type
+        stream = web.StreamResponse(status=answer.status)
+        stream.content_type = answer.content_type
         request[STARTED] = True
-        await out.prepare(request)
+        await stream.prepare(request)
         try:
             async for data in answer.body:
-                await out.write(data)
+                await stream.write(data)
         except ProxyError as error:
-            await out.write(b"\n\n" + sse(openai_error(error)) + DONE)  # the blank line ends a cut event
-        await out.write_eof()
-        return out
+            await stream.write(b"\n\n" + sse(openai_error(error)) + DONE)  # the blank line ends a cut event
+        await stream.write_eof()
+        return stream
 
 
 def _dumps(value: Any) -> str:
@@ -167,7 +167,8 @@ async def status(request: web.Request) -> web.Response:
     app = request.app
     check_host(request, app[SETTINGS])
     policies, gpu = app[POLICIES], app[TELEMETRY].gpu
-    recent = list(app[RECORDS])[-20:]
+    records = app[RECORDS]
+    recent = list(records)[-20:]
     body = {
         "version": __version__,
         "settings": app[SETTINGS].shown(),

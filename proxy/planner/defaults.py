@@ -7,6 +7,7 @@ run must try (a default is only trusted after a run with inputs near its limit).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from proxy.planner.shapes import ModelShape
 from proxy.planner.sweep import Cell, SweepSpec, best, sweep
@@ -56,7 +57,7 @@ def choose(
     context: int,
     stress_context: int | None,
     batch: int | None,
-    spec_overrides: dict[str, object],
+    spec_overrides: dict[str, Any],
     measured: tuple[str, int] | None,
 ) -> tuple[Defaults | None, str]:
     batches = (batch,) if batch else CANDIDATE_BATCHES
@@ -67,7 +68,7 @@ def choose(
         batches=batches,
         business_context=context,
         **spec_overrides,
-    )  # type: ignore[arg-type]
+    )
     pick, why = best(sweep(shape, spec, measured), spec)
     if pick is None:
         return None, why

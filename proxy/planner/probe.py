@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -26,10 +26,18 @@ from proxy.telemetry.gpu import MIB, GpuBackend, GpuReading, GpuUnavailableError
 PROBE_HEADER = ["timestamp", "index", "memory.used [MiB]", "memory.total [MiB]"]
 
 
+class TextOut(Protocol):
+    """Where the readings are written: a text stream, or several (`mellum-proxy probe --out`)."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 def probe(
     index: int,
     interval_ms: int,
-    out: IO[str],
+    out: TextOut,
     count: int | None = None,
     opener: Callable[[], GpuBackend] | None = None,
 ) -> dict[str, Any]:

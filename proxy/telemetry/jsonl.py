@@ -193,7 +193,8 @@ class JsonlLog:
 
 def _head(lines: deque[bytes], limit: int) -> list[bytes]:
     """The oldest lines whose size adds up to at most `limit` bytes (at least one)."""
-    batch, size = [], 0
+    batch: list[bytes] = []
+    size = 0
     for line in lines:
         if batch and size + len(line) > limit:
             break

@@ -18,7 +18,7 @@ import orjson
 
 from proxy.config import redact_url
 from proxy.errors import UpstreamError, UpstreamProtocolError
-from proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
+from proxy.models import Batches, BudgetedPrompt, NormalizedRequest
 from proxy.upstream import ollama
 from proxy.upstream.errors import status_error, translate_errors
 from proxy.upstream.sse import chunk_from_bytes, read_sse
@@ -181,7 +181,7 @@ class UpstreamClient:
                 raise  # a fresh connection failed: nothing was stale
             return await self.session.request(method, url, **options)
 
-    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[list[Chunk]]:
+    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
         """POST `/v1/completions` for `request` fitted to `prompt`; yield its chunks a network read at a time.
 
         An upstream that ignores `stream: true` and answers one JSON body gives one batch. An Ollama
@@ -278,8 +278,10 @@ class UpstreamClient:
         except UpstreamError:
             return None
         data = models.get("data") if isinstance(models, dict) else None
-        first = data[0] if isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict) else {}
-        meta = first.get("meta") if isinstance(first.get("meta"), dict) else {}
+        first: dict[str, Any] = (
+            data[0] if isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict) else {}
+        )
+        meta: dict[str, Any] = first["meta"] if isinstance(first.get("meta"), dict) else {}
         for value in (meta.get("n_ctx"), first.get("max_model_len")):
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
@@ -301,7 +303,7 @@ class UpstreamClient:
             return []
         if isinstance(models.get("data"), list):
             return [str(m["id"]) for m in models["data"] if isinstance(m, dict) and "id" in m]
-        listed = models.get("models") if isinstance(models.get("models"), list) else []
+        listed: list[Any] = models["models"] if isinstance(models.get("models"), list) else []
         return [
             str(m.get("name") or m.get("model"))
             for m in listed

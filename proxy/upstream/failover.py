@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +30,7 @@ from proxy.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
-from proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
+from proxy.models import Batches, BudgetedPrompt, NormalizedRequest
 from proxy.observe import Changes
 from proxy.upstream.client import UpstreamClient
 
@@ -106,7 +106,7 @@ class Upstreams:
         """The upstream that answered this request (once), for its record."""
         return self._served.pop(request_id, None)
 
-    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[list[Chunk]]:
+    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
         """The completion from the first member that is up; on to the next one while none has answered.
 
         Raises:

@@ -141,8 +141,7 @@ async def test_sigterm_during_50_long_streams_ends_each_one_and_exits_cleanly(
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             await _wait_listening(session, base)
             streams = [
-                await session.post(base + paths[i % 4], json=body, headers={"X-Session-Id": str(i)})
-                for i in range(50)
+                await session.post(base + paths[i % 4], json=body, headers={"X-Session-Id": str(i)}) for i in range(50)
             ]
             for resp in streams:
                 await resp.content.readline()

@@ -13,7 +13,7 @@ or the adaptive hold, with and without typed-through reuse and kept prefills.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from proxy.budget import BudgetSettings, CharsEstimator, ContextBudget
 from proxy.completion import CompletionService, Policies
 from proxy.errors import ProxyError
-from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
+from proxy.models import Batches, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
 from proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
 from proxy.policies.reuse import ReuseCache
 from proxy.telemetry import RecentRecords, Telemetry
@@ -39,7 +39,7 @@ class MemoryUpstream:
         self.opened = 0
         self.closed = 0
 
-    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[list[Chunk]]:
+    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
         self.opened += 1
         self.active += 1
         self.max_active = max(self.max_active, self.active)

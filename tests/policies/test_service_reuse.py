@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from proxy.budget import BudgetSettings, CharsEstimator, ContextBudget
 from proxy.completion import CompletionService, Policies
-from proxy.models import BudgetedPrompt, Chunk, NormalizedRequest, Outcome
+from proxy.models import Batches, BudgetedPrompt, Chunk, NormalizedRequest, Outcome
 from proxy.observe import Changes
 from proxy.policies import AdmissionQueue, Debouncer, Supersede
 from proxy.policies.reuse import ReuseCache
@@ -28,7 +28,7 @@ class TextUpstream:
         self.let_go_asked = 0
         self.changes = Changes()
 
-    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> AsyncIterator[list[Chunk]]:
+    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
         self.opened += 1
         self.held += 1
         try:
