@@ -27,13 +27,14 @@ import looptime
 from bench.editor import EditMark, RequestResult, account
 from bench.sim_engine import SimEngine, SimProfile, SimRefused
 from bench.trace import Documents, Edit, Event, next_typed
+from proxy.assembly import budget_settings, build_policies
 from proxy.budget import CharsEstimator, ContextBudget
 from proxy.budget.templates import MELLUM, FimParts
 from proxy.completion import CompletionService
 from proxy.config import Settings
 from proxy.errors import ProxyError, UpstreamStatusError
-from proxy.http.lifecycle import budget_settings, build_policies
 from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
+from proxy.sections import sections
 from proxy.telemetry import RecentRecords, Telemetry
 
 JUNK = "\u00a4" * 1024
@@ -165,10 +166,10 @@ async def _replay(
     source = EngineSource(engine, writer, edit_of)
     service = records = None
     if policy.settings is not None:
-        settings = Settings(**policy.settings)
-        policies = build_policies(settings, spec.slots)
+        tree = sections(Settings.model_validate(policy.settings))
+        policies = build_policies(tree.policies, spec.slots)
         records = RecentRecords(size=1 << 20)
-        budget = ContextBudget(budget_settings(settings), CharsEstimator())
+        budget = ContextBudget(budget_settings(tree.budget), CharsEstimator())
         service = CompletionService(source, policies, budget, Telemetry(records))
     results: list[RequestResult] = []
     marks: list[EditMark] = []

@@ -12,8 +12,9 @@ import os
 import time
 
 from bench.memory import rss_mib
+from proxy.flight import Flight
 from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest
-from proxy.policies.reuse import ENTRIES_PER_SESSION, MAX_SESSIONS, Flight, ReuseCache
+from proxy.policies.reuse import ENTRIES_PER_SESSION, MAX_SESSIONS, ReuseCache
 
 LINE = "значение = вычислить(1)  # 😀\n"  # outside Latin-1, and outside the BMP: 4 bytes a character
 

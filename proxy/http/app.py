@@ -14,19 +14,22 @@ from proxy.config import Settings
 from proxy.http import lifecycle
 from proxy.http.connections import ConnectionGuard
 from proxy.http.guard import browser_guard, token_middleware
-from proxy.http.keys import BOOTED, CONNECTIONS, RECORDS, SETTINGS
+from proxy.http.keys import BOOTED, CONNECTIONS, RECORDS, SECTIONS, SETTINGS
 from proxy.http.middleware import error_middleware, request_id
 from proxy.http.routes import add_routes
+from proxy.sections import sections
 from proxy.telemetry import RecentRecords
 
 
 def build_app(settings: Settings) -> web.Application:
     """The proxy's app: start it with `proxy.http.serve_app` or a test client."""
-    middlewares = [error_middleware, browser_guard(settings)]  # the guard's refusals are rendered by the first
+    tree = sections(settings)
+    middlewares = [error_middleware, browser_guard(tree.listen)]  # the guard's refusals are rendered by the first
     if settings.auth_token:
         middlewares.append(token_middleware(settings.auth_token))  # its refusals are rendered by the first
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
+    app[SECTIONS] = tree
     app[BOOTED] = time.monotonic()
     app[CONNECTIONS] = ConnectionGuard()  # counts for /status once it listens (`proxy.http.server.listen`)
     app[RECORDS] = RecentRecords()

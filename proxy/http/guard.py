@@ -21,8 +21,8 @@ import ipaddress
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from proxy.config import Settings
 from proxy.errors import ForbiddenError, UnauthorizedError, UnsupportedMediaTypeError
+from proxy.sections import ListenSection
 
 
 def token_middleware(token: str) -> Middleware:
@@ -42,10 +42,10 @@ def token_middleware(token: str) -> Middleware:
 _PAGE_BODIES = ("text/plain", "multipart/form-data")  # CORS-safelisted: sent cross-origin without a preflight
 
 
-def browser_guard(settings: Settings) -> Middleware:
+def browser_guard(section: ListenSection) -> Middleware:
     """Refuse what a web page could make the developer's browser send (see the module docstring)."""
-    listen_host = settings.listen_host.lower()
-    any_host = bool(settings.auth_token) and not settings.loopback_only
+    listen_host = section.host.lower()
+    any_host = bool(section.auth_token) and not section.loopback_only
 
     @web.middleware
     async def refuse_pages(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -70,13 +70,13 @@ def same_origin(origin: str, host: str | None) -> bool:
     return bool(sep) and scheme == "http" and host is not None and rest.rstrip("/") == host.strip().lower()
 
 
-def check_host(request: web.Request, settings: Settings) -> None:
+def check_host(request: web.Request, section: ListenSection) -> None:
     """Refuse a state read (`/status`, `/metrics`) addressed to a name that is not this machine's.
 
     Raises:
         ForbiddenError: the `Host` names another machine.
     """
-    if not host_allowed(request.headers.get("Host"), settings.listen_host.lower()):
+    if not host_allowed(request.headers.get("Host"), section.host.lower()):
         raise ForbiddenError(f"{request.path} answers only requests addressed to this machine (Host)")
 
 

@@ -11,14 +11,16 @@ from proxy.completion import CompletionService, Policies
 from proxy.config import Settings
 from proxy.dialects import Dialect
 from proxy.dialects.base import CompletionRoute
+from proxy.discovery import Discovery
 from proxy.http.connections import ConnectionGuard
-from proxy.http.probes import UpstreamProbes
+from proxy.sections import Sections
 from proxy.telemetry import RecentRecords, Telemetry
 from proxy.upstream import UpstreamClient
 from proxy.upstream.embedded import EmbeddedServer
 from proxy.upstream.failover import Upstreams
 
-SETTINGS = web.AppKey("settings", Settings)
+SETTINGS = web.AppKey("settings", Settings)  # as the user wrote them (`/status` shows them)
+SECTIONS = web.AppKey("sections", Sections)  # as the components take them
 CONNECTIONS = web.AppKey("connections", ConnectionGuard)  # set when it listens through `serve`/`serve_app`
 BOOTED = web.AppKey("booted", float)  # time.monotonic() when the app was built: "ready in N s"
 UPSTREAM = web.AppKey("upstream", UpstreamClient)  # the primary upstream (what the probes ask)
@@ -28,7 +30,7 @@ POLICIES = web.AppKey("policies", Policies)
 RECORDS: web.AppKey[RecentRecords] = web.AppKey("records", RecentRecords)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 EMBEDDED = web.AppKey("embedded", EmbeddedServer)
-PROBES = web.AppKey("probes", UpstreamProbes)
+PROBES = web.AppKey("probes", Discovery)
 # Tests inject a GPU backend here (a fake, or one that is unavailable); production opens NVML.
 GPU_OPENER: web.AppKey[Callable[[], Any]] = web.AppKey("gpu_opener")
 # Which dialect owns each path (its error shape), and the completion route when it is one.

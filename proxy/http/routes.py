@@ -24,6 +24,7 @@ from proxy.http.keys import (
     RECORDED,
     RECORDS,
     ROUTES,
+    SECTIONS,
     SERVICE,
     SETTINGS,
     STARTED,
@@ -89,7 +90,7 @@ class _Discovery:
         self.app = app
         # the one discovered value the budget fits prompts to (the setting, lowered to the server's context
         # per request): Continue sizes its prompts by the `num_ctx` that `/api/show` reports
-        self.max_context_tokens = app[SERVICE].budget.settings.max_context_tokens
+        self.max_context_tokens = app[PROBES].view.context_tokens
 
     async def model_ids(self) -> list[str]:
         return await self.app[UPSTREAMS].model_ids()
@@ -115,7 +116,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     content_type = request.headers.get("Content-Type", "application/json")
     if not content_type.isascii():
         content_type = "application/json"
-    silence_s = request.app[SETTINGS].passthrough_timeout_ms / 1000
+    silence_s = request.app[SECTIONS].upstream.passthrough_silence_s
     if request.method == "GET":  # a model list is one small read: a server silent this long is stalled
         silence_s = min(silence_s or GET_SILENCE_S, GET_SILENCE_S)
     upstream = request.app[UPSTREAMS].client  # the one serving now
@@ -156,7 +157,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    check_host(request, request.app[SETTINGS])
+    check_host(request, request.app[SECTIONS].listen)
     telemetry = request.app[TELEMETRY]
     assert telemetry.metrics is not None
     return web.Response(body=telemetry.metrics.render(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
@@ -165,7 +166,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     """The live state: settings in force, upstream, per-session admissions, recent requests, VRAM."""
     app = request.app
-    check_host(request, app[SETTINGS])
+    check_host(request, app[SECTIONS].listen)
     policies, gpu = app[POLICIES], app[TELEMETRY].gpu
     records = app[RECORDS]
     recent = list(records)[-20:]

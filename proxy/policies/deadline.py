@@ -16,13 +16,13 @@ class Deadline:
     total: float
 
     @classmethod
-    def start(cls, clock: Clock, ttft_timeout_ms: int, timeout_ms: int) -> Deadline:
-        """Deadlines counted from now; a timeout of 0 means none. Queue wait counts against both."""
-        if ttft_timeout_ms <= 0 and timeout_ms <= 0:
+    def start(cls, clock: Clock, ttft_timeout_s: float | None, timeout_s: float | None) -> Deadline:
+        """Deadlines counted from now; a timeout of None means none. Queue wait counts against both."""
+        if ttft_timeout_s is None and timeout_s is None:
             return NO_DEADLINE  # nothing to count from: the clock is not read
         now = clock.now()
-        total = now + timeout_ms / 1000 if timeout_ms > 0 else math.inf
-        first = now + ttft_timeout_ms / 1000 if ttft_timeout_ms > 0 else math.inf
+        total = now + timeout_s if timeout_s is not None else math.inf
+        first = now + ttft_timeout_s if ttft_timeout_s is not None else math.inf
         return cls(first_token=min(first, total), total=total)
 
 

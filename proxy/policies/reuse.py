@@ -12,19 +12,19 @@ meanwhile: the prefixes are compared at the cursor end, over the context the com
 Memory is bounded in bytes, not only in entries: an entry keeps the last `ALIGN_CHARS` of its prefix
 and a digest of its suffix (length and hash), never the whole prompt, whatever the client sent.
 
-A completion still streaming can be taken over: the newer request follows it (`Flight`) instead of
-cancelling it, and is answered once it ends if its text still agrees.
+A completion still streaming can be taken over: the newer request follows it (`proxy.flight.Flight`)
+instead of cancelling it, and is answered once it ends if its text still agrees.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from proxy.budget.templates import parse_any
-from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest
+from proxy.flight import Flight
+from proxy.models import NormalizedRequest
 from proxy.policies.lines import complete_lines
 
 ENTRIES_PER_SESSION = 4
@@ -32,65 +32,6 @@ MAX_SESSIONS = 256
 ALIGN_CHARS = 2048  # how much of the prefix before the typed text must agree, at most
 MIN_CONTEXT = 256  # ... and at least (or all of a shorter prefix): a few characters are no place at all
 STREAM_AHEAD = 64  # how far typing may run past a completion still streaming
-
-
-@dataclass(eq=False, slots=True)
-class Flight:
-    """One upstream completion as it streams: its batches, its end, and who follows it.
-
-    `listeners` counts the requests relaying it to a client (its own request, and any that took it
-    over); the upstream request is dropped when the last one leaves.
-    """
-
-    completion: Completion
-    prompt: BudgetedPrompt | None  # what the upstream is asked; dropped once it ends (reuse keeps the flight)
-    batches: list[list[Chunk]] = field(default_factory=list)
-    done: bool = False
-    error: BaseException | None = None
-    listeners: int = 1
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    producer: asyncio.Task[None] | None = None  # the task streaming it from the upstream
-    stop_at_first_token: bool = False  # kept only to finish its prefill
-    first_text_at: float | None = None
-    finished: bool = False  # the upstream ended it on its own (not cut by a deadline, a cancel or an error)
-    capped: bool = False  # the proxy asked for fewer tokens than the client did
-
-    def push(self, batch: list[Chunk]) -> None:
-        self.batches.append(batch)
-        self._wake()
-
-    def end(self, error: BaseException | None = None) -> None:
-        self.done, self.error = True, error
-        self._wake()
-
-    def _wake(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-    async def wait(self, seen: int) -> None:
-        """Return once there are more than `seen` batches, or it has ended."""
-        while not self.done and len(self.batches) <= seen:
-            await self.changed.wait()
-
-    @property
-    def ok(self) -> bool:
-        return self.done and self.error is None
-
-    def token_ends(self) -> list[int]:
-        """Where each token of the text ends: the upstream streams a token an event (a server that answered
-        in one body counts as one token)."""
-        ends, at = [], 0
-        for batch in self.batches:
-            for chunk in batch:
-                if chunk.has_text:
-                    at += len(chunk.text)
-                    ends.append(at)
-        return ends
-
-    @property
-    def cut(self) -> bool:
-        """Cut short: by a deadline, a cancel or an error, or by the upstream at the proxy's `max_tokens` cap."""
-        return not self.finished or (self.capped and self.completion.finish_reason == "length")
 
 
 SuffixKey = tuple[int, int] | None  # (length, hash) of the text after the cursor

@@ -51,8 +51,7 @@ class Telemetry:
             self.recorder.put(arrival(request, record.received_at, self.log_content))
         if self.gpu is not None:
             window = self.gpu.start_window(id(record))
-            record.vram_used_mib_start = window.start_mib
-            record.vram_source = self.gpu.source
+            record.gpu_window(self.gpu.source, window.start_mib)
         return record
 
     def first_token(self, record: RequestRecord) -> None:
@@ -62,8 +61,7 @@ class Telemetry:
         record.close(completion, self.clock.now())
         if self.gpu is not None:
             window = self.gpu.end_window(id(record))
-            record.vram_used_mib_end = window.end_mib
-            record.vram_peak_mib = window.peak_mib
+            record.gpu_window_closed(window.end_mib, window.peak_mib)
         self.records.add(record)
         if self.metrics is not None:
             self.metrics.observe(record)
@@ -78,8 +76,7 @@ class Telemetry:
         """Record a request that failed before the completion service had it (`bad_request`, or
         `upstream_error` for a 5xx)."""
         record = self.start(request)
-        record.outcome = Outcome.BAD_REQUEST if error.status < 500 else Outcome.UPSTREAM_ERROR
-        record.upstream_status = error.upstream_status
+        record.ended(Outcome.BAD_REQUEST if error.status < 500 else Outcome.UPSTREAM_ERROR, error.upstream_status)
         self.finish(record, Completion(id=f"cmpl-{request.id}"))
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from proxy.models import Completion, NormalizedRequest, Outcome
+from proxy.models import BudgetedPrompt, Completion, NormalizedRequest, Outcome
 from proxy.observe import Changes
 
 
@@ -77,9 +77,46 @@ class RequestRecord:
             content={"prompt": request.prefix, "suffix": request.suffix} if log_content else None,
         )
 
+    # The events of a request, in the order they happen: the record is filled here and nowhere else.
+
+    def arrived(self, queue_depth: int, inflight: int) -> None:
+        self.queue_depth, self.inflight = queue_depth, inflight
+
+    def held(self, ms: float) -> None:
+        """The dispatch hold (debounce) let it go after `ms`."""
+        self.debounce_ms = ms
+
+    def fitted(self, prompt: BudgetedPrompt) -> None:
+        """The context budget fitted it to `prompt`."""
+        self.prompt_tokens_before, self.prompt_tokens_after = prompt.tokens_before, prompt.tokens_after
+        self.truncated, self.tokenizer = prompt.truncated, prompt.method
+
+    def queued(self, ms: float) -> None:
+        """It waited `ms` for an upstream slot."""
+        self.queue_ms = ms
+
+    def sent(self) -> None:
+        """A request to the model server was opened for it."""
+        self.reached_upstream = True
+
     def mark_first_token(self, now: float) -> None:
         if self.ttft_ms is None:
             self.ttft_ms = (now - self.started) * 1000.0
+
+    def answered(self) -> None:
+        """The model server's answer ended well."""
+        self.upstream_status = 200
+
+    def ended(self, outcome: Outcome, upstream_status: int | None = None) -> None:
+        self.outcome = outcome
+        if upstream_status is not None:
+            self.upstream_status = upstream_status
+
+    def gpu_window(self, source: str, start_mib: float | None) -> None:
+        self.vram_source, self.vram_used_mib_start = source, start_mib
+
+    def gpu_window_closed(self, end_mib: float | None, peak_mib: float | None) -> None:
+        self.vram_used_mib_end, self.vram_peak_mib = end_mib, peak_mib
 
     def close(self, completion: Completion, now: float) -> None:
         """Take the totals from what the upstream produced."""

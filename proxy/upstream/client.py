@@ -19,6 +19,7 @@ import orjson
 from proxy.config import redact_url
 from proxy.errors import UpstreamError, UpstreamProtocolError
 from proxy.models import Batches, BudgetedPrompt, NormalizedRequest
+from proxy.sections import UpstreamSection
 from proxy.upstream import ollama
 from proxy.upstream.errors import status_error, translate_errors
 from proxy.upstream.sse import chunk_from_bytes, read_sse
@@ -67,7 +68,7 @@ async def _drain(resp: aiohttp.ClientResponse) -> None:
 class UpstreamClient:
     """HTTP client for one upstream base URL over a shared `aiohttp.ClientSession`."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, section: UpstreamSection | None = None) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
         self.shown_url = redact_url(self.base_url)  # for messages, `/status` and `/health`: no credentials
@@ -81,6 +82,13 @@ class UpstreamClient:
         # send them at once and stream the prefill's result later; a server silent this long is down. None:
         # no limit but the request's deadline (Ollama answers only with its first token).
         self.answer_timeout_s: float | None = None
+        if section is not None:
+            self.model = section.model
+            if section.default_temperature is not None:
+                self.defaults["temperature"] = section.default_temperature
+            self.routing_header = section.routing_header
+            self.developer_id, self.route_sessions = section.developer_id, section.route_sessions
+            self.answer_timeout_s = section.answer_timeout_s
         self._held_source: str | None = ""  # "": not probed yet; None: the server cannot say
 
     def routing(self, request: NormalizedRequest | None = None) -> dict[str, str]:

@@ -26,11 +26,11 @@ class Relayed:
 
 @asynccontextmanager
 async def relay(
-    upstream: UpstreamClient, method: str, path: str, body: bytes | None, content_type: str, silence_s: float
+    upstream: UpstreamClient, method: str, path: str, body: bytes | None, content_type: str, silence_s: float | None
 ) -> AsyncIterator[Relayed]:
     """Send one request to `path` on the upstream; read `body` inside the `async with`.
 
-    The upstream may be silent (no answer, no byte) for at most `silence_s` (0: no limit).
+    The upstream may be silent (no answer, no byte) for at most `silence_s` (None or 0: no limit).
 
     Raises:
         UpstreamError: the upstream is unreachable, answered 4xx/5xx, or was silent too long

@@ -143,10 +143,16 @@ async def test_a_request_error_is_not_failed_over(make_proxy: ProxyFactory, fake
 async def test_embedded_after_the_upstreams_is_the_last_fallback(tmp_path: Any) -> None:
     from proxy.config import Settings
     from proxy.http.lifecycle import upstream_urls
+    from proxy.sections import sections
 
-    assert upstream_urls(Settings(embedded=True), "http://127.0.0.1:5555") == ["http://127.0.0.1:5555"]
+    assert upstream_urls(sections(Settings(embedded=True)).upstream, "http://127.0.0.1:5555") == [
+        "http://127.0.0.1:5555"
+    ]
     team = Settings(embedded=True, upstream=["http://router:8000"])
-    assert upstream_urls(team, "http://127.0.0.1:5555") == ["http://router:8000", "http://127.0.0.1:5555"]
+    assert upstream_urls(sections(team).upstream, "http://127.0.0.1:5555") == [
+        "http://router:8000",
+        "http://127.0.0.1:5555",
+    ]
 
 
 async def test_vllm_routers_model_list_names_the_model(make_proxy: ProxyFactory, aiohttp_server: Any) -> None:

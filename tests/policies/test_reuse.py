@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from proxy.flight import Flight
 from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest
-from proxy.policies.reuse import Flight, ReuseCache, typed_through
+from proxy.policies.reuse import ReuseCache, typed_through
 
 
 def test_typed_through_finds_what_was_typed() -> None:

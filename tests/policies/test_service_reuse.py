@@ -120,7 +120,7 @@ def test_a_cancelled_request_keeps_its_slot_until_the_server_lets_it_go() -> Non
 def test_a_timed_out_request_finishes_its_prefill_only_while_no_one_waits() -> None:
     async def run() -> None:
         upstream = TextUpstream(prefill_s=0.5)
-        service = _service(upstream, ttft_timeout_ms=100, keep_prefill=True)
+        service = _service(upstream, ttft_timeout_s=0.1, keep_prefill=True)
         answer = RecordingAnswer()
         await service.complete(_request(0, "a = "), answer)
         assert answer.calls[0][1] is Outcome.TIMEOUT

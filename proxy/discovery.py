@@ -1,7 +1,8 @@
-"""What the proxy learns from the upstream, at start-up and again once it is ready.
+"""Discovery: what the proxy learns from the upstream, at start-up, once it is ready, and from the one
+that serves after a failover; `UpstreamView` is that knowledge as one value every component reads.
 
 At start-up llama.cpp may have its port open while it still loads the model (503 on `/health`): the
-slot count and the `/tokenize` it answers then are not the server's. `UpstreamProbes.run` (a task
+slot count and the `/tokenize` it answers then are not the server's. `Discovery.run` (a task
 for the app's lifetime) waits until the upstream is healthy, asks again for what was left unsettled
 (the slot count behind `max_concurrency = 0`, the tokenizer behind `tokenizer = auto`), decides the
 FIM template, warms the embedded server, and only then says the proxy is `ready` (its `/health`
@@ -15,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from pathlib import Path
 
 from proxy.budget import CharsEstimator, ContextBudget, UpstreamTokenizer
@@ -22,7 +24,6 @@ from proxy.budget.local import find_local
 from proxy.budget.templates import PREFIX_ONLY, template_the_model_knows
 from proxy.budget.tokenizers import CountingTokenizer, TokenCounter, Tokenize, upstream_counter
 from proxy.completion import Policies
-from proxy.config import Settings
 from proxy.errors import UpstreamError
 from proxy.models import NormalizedRequest
 from proxy.upstream import UpstreamClient
@@ -30,14 +31,54 @@ from proxy.upstream.kinds import Found, discover
 
 log = logging.getLogger("mellum_proxy")
 
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryKnobs:
+    """What the settings say about the upstream, for discovery."""
+
+    upstream_kind: str = "auto"
+    upstream_model: str | None = None
+    max_concurrency: int = 0  # 0: the upstream's slots
+    tokenizer: str = "auto"
+    fim_template_chosen: bool = False
+
+
 RETRY_S = (0.25, 0.5, 1.0, 2.0)  # between health checks while the upstream is not ready (then every 2 s)
 WARM_PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return "
 
 
-class UpstreamProbes:
+@dataclass(frozen=True, slots=True)
+class UpstreamView:
+    """What the proxy knows of the upstream that serves and how it fits prompts to it: one value, read by the
+    ready block, `/status`, the plugins' discovery answers (`/api/show`'s `num_ctx`) and the llama.cpp
+    answers' `generation_settings`."""
+
+    url: str
+    kind: str | None  # None: not reachable yet
+    model: str | None
+    context_tokens: int  # per request: the setting, lowered to the server's
+    configured_context_tokens: int
+    server_context_tokens: int | None
+    slots: int  # requests upstream at once
+    tokenizer: str
+    exact: bool
+    template: str
+    template_why: str
+    ready: bool
+
+
+class Discovery:
+    """Asks the upstream what it is, and applies the answer to the budget and the admission queue.
+
+    Args:
+        upstream: the primary upstream (what is asked until it is ready).
+        knobs: what the settings say of it: `upstream_kind`, `upstream_model`, `max_concurrency`,
+            `tokenizer`, whether `fim_template` was chosen.
+    """
+
     def __init__(
         self,
-        settings: Settings,
+        knobs: DiscoveryKnobs,
         upstream: UpstreamClient,
         policies: Policies,
         budget: ContextBudget,
@@ -45,7 +86,7 @@ class UpstreamProbes:
         slots_known: bool = True,
         tokenize: Tokenize | None = None,
     ) -> None:
-        self.settings = settings
+        self.knobs = knobs
         self.upstream = upstream
         self.tokenize = tokenize or upstream  # whose /tokenize counts: the one serving (`Upstreams`)
         self.counters: dict[str, TokenCounter] = {}  # by upstream URL, once found: taken back when it serves again
@@ -67,7 +108,7 @@ class UpstreamProbes:
             await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
             attempt += 1
         await self.prepare()
-        if self.settings.tokenizer == "auto":
+        if self.knobs.tokenizer == "auto":
             counter = self.budget.counter
             server = counter if isinstance(counter, UpstreamTokenizer | CountingTokenizer) else None
             server = server or await upstream_counter(self.tokenize, self.upstream.model)
@@ -131,7 +172,7 @@ class UpstreamProbes:
         self.template_decided = True
         if known is template:
             self.template_why = "the model has its markers as tokens"
-        elif "fim_template" in self.settings.model_fields_set:
+        elif self.knobs.fim_template_chosen:
             log.warning("FIM template %s: the model has no token for its markers %s; it will read them as text",
                         template.name, ", ".join(template.markers))  # fmt: skip
             self.template_why = "set; the model has no token for its markers"
@@ -147,13 +188,13 @@ class UpstreamProbes:
         if not await self.upstream.reachable():
             return False
         if self.found is None or self.found.model is None or self.found.context is None:
-            self.apply(await discover(self.upstream, self.settings.upstream_kind))  # again, now that it is ready
+            self.apply(await discover(self.upstream, self.knobs.upstream_kind))  # again, now that it is ready
         if not self.slots_known:
             slots = await self.upstream.slot_count()
             if slots is None:
                 return False
             self._use_slots(slots)
-        if self.settings.tokenizer == "auto" and isinstance(self.budget.counter, CharsEstimator):
+        if self.knobs.tokenizer == "auto" and isinstance(self.budget.counter, CharsEstimator):
             tokenizer = await upstream_counter(self.tokenize, self.upstream.model)
             if tokenizer is None:
                 return True  # ready, but without a /tokenize: `chars` stays
@@ -163,7 +204,7 @@ class UpstreamProbes:
     def apply(self, found: Found) -> None:
         """Use what discovery found: the model to name, the context to fit, the slots to fill."""
         previous, self.found = self.found, found
-        settings = self.settings
+        settings = self.knobs
         if settings.upstream_model is None and found.model is not None and self.upstream.model != found.model:
             self.upstream.model = found.model
         if self.budget.fit(found.context):
@@ -181,16 +222,16 @@ class UpstreamProbes:
         """Serve from `client` now (a failover, or the first one back): its model, its context per request,
         its slots and its tokenizer, not the primary's (a fallback once ran at the primary's concurrency of
         1 for good)."""
-        kind = self.settings.upstream_kind if client is self.upstream else "auto"
+        kind = self.knobs.upstream_kind if client is self.upstream else "auto"
         found = await discover(client, kind)
-        if self.settings.upstream_model is None and found.model is not None:
+        if self.knobs.upstream_model is None and found.model is not None:
             client.model = found.model
         self.budget.fit(found.context)
-        if self.settings.max_concurrency == 0:
+        if self.knobs.max_concurrency == 0:
             slots = found.slots or 1
             if slots != self.policies.admission.limit:
                 self.policies.admission.resize(slots)
-        if self.settings.tokenizer == "auto":
+        if self.knobs.tokenizer == "auto":
             counter = self.counters.get(client.base_url) or await upstream_counter(self.tokenize, client.model)
             self.budget.use(counter or CharsEstimator())
             if counter is not None:
@@ -198,6 +239,18 @@ class UpstreamProbes:
         log.info("serving from %s: %s; %d upstream at once, %d tokens a request, tokenizer %s", client.shown_url,
                  found.describe(), self.policies.admission.limit, self.budget.settings.max_context_tokens,
                  self.budget.counter.method)  # fmt: skip
+
+    @property
+    def view(self) -> UpstreamView:
+        found, budget = self.found, self.budget
+        template = budget.settings.template
+        return UpstreamView(
+            url=self.upstream.shown_url, kind=found.kind if found else None, model=self.upstream.model,
+            context_tokens=budget.settings.max_context_tokens, configured_context_tokens=budget.configured_context,
+            server_context_tokens=found.context if found else None, slots=self.policies.admission.limit,
+            tokenizer=budget.counter.method, exact=budget.counter.exact_count,
+            template=template.name if template else "none", template_why=self.template_why, ready=self.ready.is_set(),
+        )  # fmt: skip
 
     def _say(self, message: str, *args: object) -> None:
         """A change of the proxy's view: a line of its own once the ready block has been said, else part of it."""
