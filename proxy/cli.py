@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -26,7 +27,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         if isinstance(default, tuple):
             default = ", ".join(default) or "none"
         help_text = field.description if field.default_factory else f"{field.description} [default: {default}]"
-        if "tuple[str, ...]" in str(field.annotation):  # a repeatable flag
+        if typing.get_origin(field.annotation) is tuple:  # a list setting: a repeatable flag
             parser.add_argument(flag, dest=name, action="append", default=argparse.SUPPRESS, metavar=name.upper(),
                                 help=help_text)  # fmt: skip
         elif field.annotation is bool:

@@ -7,7 +7,6 @@ in `Settings.settings_customise_sources`.
 
 from __future__ import annotations
 
-import contextvars
 import getpass
 import ipaddress
 from collections.abc import Mapping
@@ -24,9 +23,6 @@ from pydantic_settings import (
 )
 
 DEFAULT_CONFIG_FILE = Path("~/.config/mellum-proxy/config.toml")
-
-# The TOML file of the settings being loaded; set only inside `load_settings`.
-_toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("toml_file", default=None)
 
 
 class SettingsError(ValueError):
@@ -289,8 +285,9 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Precedence, highest first: CLI (passed as init values) > environment > TOML file > defaults.
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, _toml_file.get()))
+        # Precedence, highest first: CLI (passed as init values) > environment > TOML file > defaults. The TOML
+        # file is the one `load_settings` names (`toml_file` of its subclass); none without it.
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
 
 
 def load_settings(cli: Mapping[str, Any] | None = None, config_file: Path | None = None) -> Settings:
@@ -310,15 +307,19 @@ def load_settings(cli: Mapping[str, Any] | None = None, config_file: Path | None
         path = default if default.is_file() else None
     elif not path.is_file():
         raise SettingsError(f"config file {path} does not exist")
-    token = _toml_file.set(path)
+    source = _from_file(path) if path is not None else Settings
     try:
-        return Settings(**dict(cli or {}))
+        return source(**dict(cli or {}))
     except ValidationError as exc:
         raise SettingsError(_describe(exc, path)) from exc
     except ValueError as exc:  # TOML syntax errors arrive as tomllib.TOMLDecodeError (a ValueError)
         raise SettingsError(f"config file {path}: {exc}") from exc
-    finally:
-        _toml_file.reset(token)
+
+
+def _from_file(path: Path) -> type[Settings]:
+    """`Settings` whose TOML source reads `path` (a `Settings` in every other way)."""
+    config = SettingsConfigDict(**{**Settings.model_config, "toml_file": path})
+    return type("Settings", (Settings,), {"model_config": config, "__module__": __name__})
 
 
 def _describe(exc: ValidationError, path: Path | None) -> str:

@@ -107,3 +107,35 @@ def test_broken_toml_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match=r"c\.toml") as info:
         load_settings(config_file=config)
     assert "\n" not in str(info.value)
+
+
+# Every setting users have today, by its three names: a flag, an environment variable and a TOML key. A setting
+# removed or renamed breaks someone's config file or unit: this list changes only with a migration note.
+SETTINGS_USERS_HAVE = (
+    "listen auth_token upstream upstream_api_key upstream_model upstream_kind upstream_header routing_key "
+    "routing_key_header developer_id health_interval_ms embedded model embedded_ctx_tokens embedded_slots "
+    "embedded_threads max_body_bytes upstream_connect_timeout_ms upstream_answer_timeout_ms passthrough_timeout_ms "
+    "shutdown_timeout_s dispatch debounce_ms hold_idle_max_ms hold_busy_max_ms hold_min_ms hold_gap_factor reuse "
+    "keep_prefill max_inflight max_concurrency max_queue ttft_timeout_ms timeout_ms max_context_tokens max_tokens "
+    "prefix_ratio context_step_lines tokenizer fim_template complete_in_comments stop_at_blank_line "
+    "default_temperature log log_max_mb log_content record vram_interval_ms gpu upstream_pid"
+).split()
+
+
+def test_every_setting_users_have_is_a_flag_a_variable_and_a_toml_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from proxy.cli import build_parser
+
+    assert sorted(Settings.model_fields) == sorted(SETTINGS_USERS_HAVE)
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    flags = {option for action in serve._actions for option in action.option_strings}
+    for name in SETTINGS_USERS_HAVE:
+        assert "--" + name.replace("_", "-") in flags, name
+    monkeypatch.setenv("MELLUM_PROXY_MAX_QUEUE", "5")
+    config = tmp_path / "config.toml"
+    config.write_text('max_tokens = 33\nupstream = ["http://127.0.0.1:9"]\n')
+    loaded = load_settings({"timeout_ms": 700}, config)
+    assert (loaded.timeout_ms, loaded.max_queue, loaded.max_tokens, loaded.upstream) == (
+        700, 5, 33, ("http://127.0.0.1:9",))  # fmt: skip
+    assert Settings().max_tokens == 128  # the file was read by that load alone
