@@ -23,12 +23,11 @@ upper bound).
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
-import math
 from dataclasses import dataclass
 
+from proxy.budget.lines import LineCounts, Side, count_lines, estimate_total, head, learn, precut, tail
 from proxy.budget.templates import PREFIX_ONLY, FimParts, FimTemplate, parse_any
 from proxy.budget.tokenizers import CharsEstimator, NoPiecesError, TokenCounter
 from proxy.errors import UpstreamError
@@ -53,52 +52,6 @@ class BudgetSettings:
     step_lines: int = 16
     template: FimTemplate | None = None  # None: send prompt and suffix as fields ("none")
     stops: tuple[str, ...] = ()  # ends every completion besides the template's own (a blank line: `stop_at_blank_line`)
-
-
-class LineCounts:
-    """Token counts of lines seen in earlier prompts, and the characters per token they showed.
-
-    A line's count comes from a tokenization of the prompt it was in (so a token spanning two lines
-    counts for the first); the final measurement of each prompt keeps the budget exact.
-    """
-
-    def __init__(self, size: int = 65_536) -> None:
-        self.size = size
-        self._counts: dict[str, int] = {}
-        self._chars = 0
-        self._tokens = 0
-
-    def get(self, line: str) -> int | None:
-        return self._counts.get(line)
-
-    def estimate(self, line: str) -> int:
-        """An unseen line's tokens on the safe side: a third more than the characters-per-token seen."""
-        ratio = self._chars / self._tokens if self._tokens > 256 else 3.0
-        return math.ceil(len(line) * 1.33 / ratio)
-
-    def learn(self, lines: list[str], counts: list[int]) -> None:
-        if len(self._counts) + len(lines) > self.size:
-            self._counts.clear()
-        for line, count in zip(lines, counts, strict=True):
-            self._counts[line] = count
-            self._chars += len(line)
-            self._tokens += count
-
-    def __len__(self) -> int:
-        return len(self._counts)
-
-
-@dataclass(slots=True)
-class _Side:
-    """One side of the cursor, pre-cut and counted per line."""
-
-    lines: list[str]
-    counts: list[int]
-    dropped_chars: int  # characters beyond the pre-cut, never looked at
-
-    @property
-    def tokens(self) -> int:
-        return sum(self.counts)
 
 
 class ContextBudget:
@@ -191,17 +144,17 @@ class ContextBudget:
         p_most, s_most = _split(available, settings.prefix_ratio, len(parts.prefix), len(parts.suffix))
         prefix = await self._side(parts.prefix, p_most, counter, lines, from_end=True)
         suffix = await self._side(parts.suffix, s_most, counter, lines, from_end=False)
-        tokens_before = overhead + _estimate_total(prefix) + _estimate_total(suffix)
+        tokens_before = overhead + estimate_total(prefix) + estimate_total(suffix)
         p_budget, s_budget = _split(available, settings.prefix_ratio, prefix.tokens, suffix.tokens)
         context = parts.context
         for _ in range(MAX_SHRINK_ROUNDS):
-            kept_prefix = await _tail(prefix, p_budget, settings.step_lines, template, counter)
-            kept_suffix = await _head(suffix, s_budget, settings.step_lines, template, counter)
+            kept_prefix = await tail(prefix, p_budget, settings.step_lines, template, counter)
+            kept_suffix = await head(suffix, s_budget, settings.step_lines, template, counter)
             fim = FimParts(kept_prefix, kept_suffix, parts.path, context)
             prompt, prefix_at, suffix_at = _render_spans(template, fim)
             total, offsets = await counter.measure(prompt)
             if counter.exact:
-                _learn(lines, offsets, ((prefix_at, kept_prefix), (suffix_at, kept_suffix)))
+                learn(lines, offsets, ((prefix_at, kept_prefix), (suffix_at, kept_suffix)))
             if template is None and kept_suffix:
                 total += len(await counter.offsets(kept_suffix))  # the suffix field, tokenized by the server
             if total <= prompt_budget:
@@ -285,36 +238,19 @@ class ContextBudget:
             self._overheads[key] = await counter.count(_render(template, FimParts("", "", path)))
         return self._overheads[key]
 
-    async def _side(self, text: str, budget: int, counter: TokenCounter, known: LineCounts, from_end: bool) -> _Side:
+    async def _side(self, text: str, budget: int, counter: TokenCounter, known: LineCounts, from_end: bool) -> Side:
         """Pre-cut `text` on the step grid to what could possibly fit, then count tokens per line."""
-        lines = _precut(text, max(1, budget) * PRECUT_CHARS_PER_TOKEN, self.settings.step_lines, from_end)
+        lines = precut(text, max(1, budget) * PRECUT_CHARS_PER_TOKEN, self.settings.step_lines, from_end)
         seen = [known.get(line) for line in lines]
         unseen = [i for i, count in enumerate(seen) if count is None]
         if len(unseen) > COLD_LINES and counter.exact:
-            counts = await _count_lines(lines, counter)
+            counts = await count_lines(lines, counter)
             known.learn(lines, counts)
         else:
             counts = [count or 0 for count in seen]
             for i in unseen:
                 counts[i] = known.estimate(lines[i]) if counter.exact else len(await counter.offsets(lines[i]))
-        return _Side(lines, counts, len(text) - sum(map(len, lines)))
-
-
-def _learn(known: LineCounts, offsets: list[int], spans: tuple[tuple[int, str], ...]) -> None:
-    """Teach `known` the token count of every line of the prefix and suffix inside a measured prompt."""
-    for at, text in spans:
-        if not text or at < 0:
-            continue
-        lines = text.splitlines(keepends=True)
-        starts, position = [], at
-        for line in lines:
-            starts.append(position)
-            position += len(line)
-        low, high = bisect.bisect_left(offsets, at), bisect.bisect_left(offsets, position)
-        counts = [0] * len(lines)
-        for offset in offsets[low:high]:
-            counts[bisect.bisect_right(starts, offset) - 1] += 1
-        known.learn(lines, counts)
+        return Side(lines, counts, len(text) - sum(map(len, lines)))
 
 
 def _fits_by_length(
@@ -356,43 +292,6 @@ def _render_spans(template: FimTemplate | None, parts: FimParts) -> tuple[str, i
     return template.render_spans(parts)
 
 
-async def _count_lines(lines: list[str], counter: TokenCounter) -> list[int]:
-    """Tokens per line, from one tokenization of the lines together."""
-    text = "".join(lines)
-    offsets = await counter.offsets(text) if text else []
-    starts, position = [], 0
-    for line in lines:
-        starts.append(position)
-        position += len(line)
-    counts = [0] * len(lines)
-    for offset in offsets:
-        counts[bisect.bisect_right(starts, offset) - 1] += 1
-    return counts
-
-
-def _precut(text: str, limit: int, step: int, from_end: bool) -> list[str]:
-    """The lines of the largest grid-aligned run (at the end, or the start) within `limit` characters.
-
-    The cut is found by characters, so only the kept text is split into lines; the line number of the
-    cut (for the grid) is one count of newlines before it.
-    """
-    if len(text) <= limit:
-        return text.splitlines(keepends=True)
-    if from_end:
-        newline = text.find("\n", len(text) - limit - 1)
-        if newline == -1 or newline >= len(text) - 1:  # the last line alone is over the limit: keep it
-            return text[text.rfind("\n", 0, len(text) - 1) + 1 :].splitlines(keepends=True)
-        start = newline + 1
-        lines = text[start:].splitlines(keepends=True)
-        first = text.count("\n", 0, start)
-        drop = min(-(-first // step) * step - first, len(lines) - 1)  # round the start up to the grid
-        return lines[drop:]
-    newline = text.rfind("\n", 0, limit)
-    end = newline + 1 if newline != -1 else (text.find("\n") + 1 or len(text))
-    lines = text[:end].splitlines(keepends=True)
-    return lines[: max((len(lines) // step) * step, 1)]
-
-
 def _split(available: int, ratio: float, need_prefix: int, need_suffix: int) -> tuple[int, int]:
     """Prefix and suffix budgets; what one side does not need goes to the other."""
     p_share = int(available * ratio)
@@ -404,74 +303,3 @@ def _split(available: int, ratio: float, need_prefix: int, need_suffix: int) -> 
         p_share += s_share - need_suffix
         s_share = need_suffix
     return p_share, s_share
-
-
-async def _tail(side: _Side, budget: int, step: int, template: FimTemplate | None, counter: TokenCounter) -> str:
-    """The end of the prefix within `budget` tokens, starting on the step grid when possible."""
-    n = len(side.lines)
-    if n == 0 or budget <= 0:
-        return ""
-    suffix_sums = [0] * (n + 1)
-    for i in range(n - 1, -1, -1):
-        suffix_sums[i] = suffix_sums[i + 1] + side.counts[i]
-    for i in range(0, n, step):
-        if suffix_sums[i] <= budget:
-            return "".join(side.lines[i:])
-    for i in range(n):
-        if suffix_sums[i] <= budget:
-            return "".join(side.lines[i:])
-    return await _cut_line_tail(side.lines[-1], budget, template, counter)  # the cursor's line is too long
-
-
-async def _head(side: _Side, budget: int, step: int, template: FimTemplate | None, counter: TokenCounter) -> str:
-    """The start of the suffix within `budget` tokens, ending on the step grid when possible."""
-    n = len(side.lines)
-    if n == 0 or budget <= 0:
-        return ""
-    sums = [0]
-    for count in side.counts:
-        sums.append(sums[-1] + count)
-    if sums[n] <= budget:
-        return "".join(side.lines)
-    for end in range(n - n % step, 0, -step):
-        if sums[end] <= budget:
-            return "".join(side.lines[:end])
-    for end in range(n, 0, -1):
-        if sums[end] <= budget:
-            return "".join(side.lines[:end])
-    return await _cut_line_head(side.lines[0], budget, template, counter)
-
-
-async def _cut_line_tail(line: str, budget: int, template: FimTemplate | None, counter: TokenCounter) -> str:
-    starts = await counter.offsets(line)
-    if len(starts) <= budget:
-        return line
-    cut = _outside_markers(line, starts[len(starts) - budget], template, forward=True)
-    return line[cut:]
-
-
-async def _cut_line_head(line: str, budget: int, template: FimTemplate | None, counter: TokenCounter) -> str:
-    starts = await counter.offsets(line)
-    if len(starts) <= budget:
-        return line
-    cut = _outside_markers(line, starts[budget], template, forward=False)
-    return line[:cut]
-
-
-def _outside_markers(text: str, cut: int, template: FimTemplate | None, forward: bool) -> int:
-    """Move `cut` out of any special-token literal it would split (estimated offsets can land inside)."""
-    for marker in template.special_tokens if template else ():
-        start = text.find(marker)
-        while start != -1:
-            if start < cut < start + len(marker):
-                return start + len(marker) if forward else start
-            start = text.find(marker, start + 1)
-    return cut
-
-
-def _estimate_total(side: _Side) -> int:
-    """Tokens of the whole side: counted where tokenized, extrapolated over what the pre-cut dropped."""
-    if not side.dropped_chars:
-        return side.tokens
-    chars = sum(map(len, side.lines)) or 1
-    return side.tokens + round(side.dropped_chars * side.tokens / chars)
