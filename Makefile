@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 gpu-check: $(STAMP)
-	$(BIN)/python -m bench.gpu_check
+	$(BIN)/python -m bench.runners.gpu_check
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,6 +1,6 @@
 """The composition root: the completion core built from the settings' sections.
 
-The HTTP edge (`proxy.http.lifecycle`), the policy lab (`bench.lab`) and the tests build the core the same
+The HTTP edge (`proxy.http.lifecycle`), the policy lab (`bench.runners.lab`) and the tests build the core the same
 way: `build_policies`, `budget_settings` and `build_counter` from their sections, `UpstreamClient`s with
 `upstream_clients`, and `build_core` for the service and its discovery. Nothing here knows HTTP servers.
 """

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from bench.corpus import CODE_DIR, code_texts, train_bpe
+from bench.workloads.corpus import CODE_DIR, code_texts, train_bpe
 from proxy.budget.local import load_local
 from proxy.config import Settings
 from proxy.http import GPU_OPENER, build_app
@@ -69,7 +69,7 @@ async def embedded_proxy(make_proxy: ProxyFactory, embedded_server: EmbeddedServ
 @pytest.fixture
 def fake_upstream(aiohttp_server: Any) -> Callable[..., Awaitable[tuple[Any, str]]]:
     """Start a `bench.fake_upstream.FakeUpstream` on a loopback port: returns (fake, base_url)."""
-    from bench.fake_upstream import FakeUpstream
+    from bench.doubles.fake_upstream import FakeUpstream
 
     async def factory(**options: Any) -> tuple[FakeUpstream, str]:
         fake = FakeUpstream(**options)
@@ -77,26 +77,6 @@ def fake_upstream(aiohttp_server: Any) -> Callable[..., Awaitable[tuple[Any, str
         return fake, str(server.make_url("")).rstrip("/")
 
     return factory
-
-
-class FakeGpu:
-    """A GPU backend whose memory the test sets; `fail` makes the next read raise like a broken driver."""
-
-    def __init__(self, used_mib: float = 1000, total_mib: float = 24576) -> None:
-        self.used_mib = used_mib
-        self.total_mib = total_mib
-        self.fail = False
-        self.closed = False
-
-    def read(self) -> Any:
-        from proxy.telemetry import GpuReading
-
-        if self.fail:
-            raise RuntimeError("GPU is lost")
-        return GpuReading(int(self.used_mib * 1024 * 1024), int(self.total_mib * 1024 * 1024), None)
-
-    def close(self) -> None:
-        self.closed = True
 
 
 CORPUS = CODE_DIR

@@ -1,12 +1,78 @@
-"""Servers the suite stands in for, each built from the real one's source (cited at the class)."""
+"""The suite's stand-ins, in one place: servers built from the real one's source (cited at the class), an
+upstream and an answer for the completion core, and a GPU. The bench's own doubles (`bench/doubles/`:
+the scripted and the faulty OpenAI server, the simulator) serve the tests too."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from bench.fake_upstream import FakeUpstream
+from bench.doubles.fake_upstream import FakeUpstream
+from proxy.errors import ProxyError
+from proxy.models import Batches, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
+from proxy.telemetry import GpuReading
+
+
+class MemoryUpstream:
+    """Streams one `x` per max_tokens, 1 ms apart (virtual), and counts streams open at once."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.max_active = 0
+        self.opened = 0
+        self.closed = 0
+
+    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
+        self.opened += 1
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            for _ in range(prompt.max_tokens):
+                await asyncio.sleep(0.001)
+                yield [Chunk(text="x")]
+            yield [Chunk(text="", finish_reason="length")]
+        finally:
+            self.active -= 1
+            self.closed += 1
+
+
+@dataclass
+class RecordingAnswer:
+    """Keeps every call the service makes: ("finish", outcome, text) or ("fail", message)."""
+
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    sent: str = ""
+
+    async def send(self, completion: Completion, chunks: Sequence[Chunk]) -> None:
+        self.sent += "".join(chunk.text for chunk in chunks)
+
+    async def finish(self, completion: Completion, outcome: Outcome) -> None:
+        self.calls.append(("finish", outcome, completion.text))
+
+    async def fail(self, completion: Completion, error: ProxyError) -> None:
+        self.calls.append(("fail", str(error)))
+
+
+class FakeGpu:
+    """A GPU backend whose memory the test sets; `fail` makes the next read raise like a broken driver."""
+
+    def __init__(self, used_mib: float = 1000, total_mib: float = 24576) -> None:
+        self.used_mib = used_mib
+        self.total_mib = total_mib
+        self.fail = False
+        self.closed = False
+
+    def read(self) -> Any:
+        if self.fail:
+            raise RuntimeError("GPU is lost")
+        return GpuReading(int(self.used_mib * 1024 * 1024), int(self.total_mib * 1024 * 1024), None)
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class CountingVllm:

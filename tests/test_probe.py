@@ -8,7 +8,7 @@ import pytest
 
 from proxy.cli import main
 from proxy.planner.probe import PROBE_HEADER, probe
-from tests.conftest import FakeGpu
+from tests.fakes import FakeGpu
 
 
 def test_probe_rows_and_summary() -> None:

@@ -5,10 +5,17 @@ how busy the machine is. The proxy's `Clock` reads the loop, so its records foll
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import aiohttp
 import looptime
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.http import build_app, serve_app
 
 T = TypeVar("T")
 
@@ -17,3 +24,33 @@ def run_virtual(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro` to completion on a fresh virtual-time loop starting at t=0."""
     with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
         return runner.run(coro)
+
+
+@contextlib.asynccontextmanager
+async def proxy_before(upstream: web.Application, **settings: Any) -> AsyncIterator[ProxyClient]:
+    """The proxy with `settings` in front of `upstream`, both on loopback ports, and a client session to it.
+    Sockets work on the virtual-time loop: loopback writes are readable at once, so time moves only when every
+    task waits on a timer (a debounce window, the gaps of a burst)."""
+    async with serve_app(upstream) as upstream_url:
+        app = build_app(Settings(upstream=upstream_url, **settings))
+        async with serve_app(app) as url, aiohttp.ClientSession() as session:
+            yield ProxyClient(session, url, app)
+
+
+@dataclass
+class ProxyClient:
+    session: aiohttp.ClientSession
+    url: str
+    app: web.Application
+
+    async def post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Answer:
+        """POST `body` as JSON; the status, the `X-Mellum-Outcome` header and the JSON answer."""
+        async with self.session.post(self.url + path, json=body, headers=headers) as resp:
+            return Answer(resp.status, resp.headers.get("X-Mellum-Outcome"), await resp.json())
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    outcome: str | None
+    body: Any

@@ -22,6 +22,7 @@ from proxy.models import Batches, BudgetedPrompt, NormalizedRequest
 from proxy.sections import UpstreamSection
 from proxy.upstream import ollama
 from proxy.upstream.errors import status_error, translate_errors
+from proxy.upstream.metrics import held_requests, llamacpp_metrics
 from proxy.upstream.sse import chunk_from_bytes, read_sse
 
 _JSON = {"Content-Type": "application/json"}
@@ -331,12 +332,5 @@ def _held_from(source: str, text: str) -> int | None:
         if not isinstance(slots, list):
             return None
         return sum(1 for slot in slots if isinstance(slot, dict) and slot.get("is_processing"))
-    values = {}
-    for line in text.splitlines():
-        if line.startswith(("llamacpp:requests_processing ", "llamacpp:requests_deferred ")):
-            name, _, value = line.partition(" ")
-            try:
-                values[name] = float(value)
-            except ValueError:
-                return None
-    return int(sum(values.values())) if len(values) == 2 else None
+    metrics = llamacpp_metrics(text)
+    return None if metrics is None else held_requests(metrics)

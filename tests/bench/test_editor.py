@@ -7,9 +7,12 @@ from typing import Any
 
 import pytest
 
-from bench.editor import EditMark, RequestResult, account
-from bench.replay import parse_policy, run_policy, schedule
-from bench.trace import Edit, Open
+from bench.runners.playback import schedule
+from bench.runners.policy import parse_policy
+from bench.runners.replay import run_policy
+from bench.workloads.editor import EditMark, RequestResult, account
+from bench.workloads.trace import Edit, Open
+from tests.bench.bursts import burst_trace
 
 
 def marks(*times: float, file: str = "a") -> list[EditMark]:
@@ -56,27 +59,6 @@ def test_policy_strings() -> None:
         parse_policy("p:debounce_ms")
 
 
-def burst_trace() -> list[Any]:
-    """Three bursts of 8 keystrokes 40 ms apart, separated by 600 ms pauses."""
-    events: list[Any] = [Open(0, "app.py", "def main():\n    ")]
-    t, offset = 0, 16
-    for _ in range(3):
-        for _ in range(8):
-            t += 40
-            events.append(Edit(t, "app.py", offset, 0, "x"))
-            offset += 1
-        t += 600
-    return events
-
-
-@pytest.fixture
-async def sim_url(aiohttp_server: Any) -> str:
-    from bench.sim import PROFILES, SimServer
-
-    server = await aiohttp_server(SimServer(PROFILES["fast"]).app())
-    return str(server.make_url("")).rstrip("/")
-
-
 async def test_debounce_sends_fewer_requests_than_direct_on_the_simulator(sim_url: str) -> None:
     events = burst_trace()
     direct = await run_policy(parse_policy("direct"), events, sim_url, pause_ms=300)
@@ -95,7 +77,7 @@ async def test_debounce_sends_fewer_requests_than_direct_on_the_simulator(sim_ur
 async def test_sim_refuses_what_does_not_fit_its_kv_cache(aiohttp_client: Any) -> None:
     from dataclasses import replace
 
-    from bench.sim import PROFILES, SimServer
+    from bench.doubles.sim import PROFILES, SimServer
 
     client = await aiohttp_client(SimServer(replace(PROFILES["fast"], kv_tokens=50)).app())
     resp = await client.post("/v1/completions", json={"prompt": "x" * 400, "max_tokens": 8})
@@ -103,7 +85,7 @@ async def test_sim_refuses_what_does_not_fit_its_kv_cache(aiohttp_client: Any) -
 
 
 async def test_report_files(tmp_path: Path, sim_url: str) -> None:
-    from bench.report import write
+    from bench.reports.replay_report import write
 
     result = await run_policy(parse_policy("direct"), burst_trace()[:5], sim_url)
     paths = write([result], tmp_path, "mellum-proxy bench replay t --upstream sim", ["note"])
@@ -113,7 +95,7 @@ async def test_report_files(tmp_path: Path, sim_url: str) -> None:
 
 
 async def test_reports_of_separate_runs_merge(tmp_path: Path, sim_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.report import load, write
+    from bench.reports.replay_report import load, write
     from proxy.cli import main
 
     first = await run_policy(parse_policy("direct"), burst_trace()[:5], sim_url)

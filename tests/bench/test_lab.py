@@ -7,11 +7,13 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from bench.lab import LabPolicy, pareto, run_lab
-from bench.sim import PROFILES
-from bench.sim_engine import SimEngine
-from bench.synth import synthesize
-from bench.trace import Edit, Open, next_typed
+from bench.doubles.sim import PROFILES
+from bench.doubles.sim_engine import SimEngine
+from bench.reports.lab_report import pareto
+from bench.runners.lab import run_lab
+from bench.runners.policy import Policy
+from bench.workloads.synth import synthesize
+from bench.workloads.trace import Edit, Open, next_typed
 from tests.virtual_time import run_virtual
 
 SLOW = replace(PROFILES["embedded-cpu"], slots=1, overhead_ms=0, batch_penalty=0)
@@ -77,8 +79,8 @@ def test_next_typed_follows_typing_at_the_cursor() -> None:
 def test_the_lab_replays_direct_and_the_defaults_and_reuse_saves_requests() -> None:
     trace = synthesize("def total(items):\n    return sum(item.price for item in items)\n" * 3, "a.py", seed=1)
     fast = PROFILES["fast"]
-    direct = run_lab(LabPolicy("direct", None), trace.events, fast, "t", accuracy=1.0)
-    defaults = run_lab(LabPolicy("defaults", {}), trace.events, fast, "t", accuracy=1.0)
+    direct = run_lab(Policy("direct", None), trace.events, fast, "t", accuracy=1.0)
+    defaults = run_lab(Policy("defaults", {}), trace.events, fast, "t", accuracy=1.0)
     assert direct.upstream_requests == direct.edits == defaults.edits
     assert defaults.reused > 0 and defaults.upstream_requests + defaults.reused <= defaults.edits
     assert defaults.pause_coverage is not None and defaults.pause_coverage >= (direct.pause_coverage or 0) - 0.01
@@ -89,14 +91,14 @@ def test_the_lab_replays_direct_and_the_defaults_and_reuse_saves_requests() -> N
 def test_the_server_never_holds_more_than_max_concurrency_of_the_proxys_requests() -> None:
     """Server-true admission on the llama.cpp-like simulator, with a fast typist against a slow server:
     cancelled requests keep their slot until the server has let them go."""
-    from bench.synth import synthesize
-    from bench.trace import Trace, limited
+    from bench.workloads.synth import synthesize
+    from bench.workloads.trace import Trace, limited
 
     source = (SYNTH_SOURCE_DIR / "inventory.py").read_text()
     events = list(limited(Trace(synthesize(source, "inventory.py", seed=3, typist="fast").events), 300))
     spec = PROFILES["embedded-cpu"]
-    direct = run_lab(LabPolicy("direct", None), events, spec, "t")
-    defaults = run_lab(LabPolicy("defaults", {}), events, spec, "t")
+    direct = run_lab(Policy("direct", None), events, spec, "t")
+    defaults = run_lab(Policy("defaults", {}), events, spec, "t")
     assert direct.peak_held > spec.slots  # without the proxy the server's own queue fills
     assert defaults.peak_held <= spec.slots
 
@@ -104,7 +106,7 @@ def test_the_server_never_holds_more_than_max_concurrency_of_the_proxys_requests
 def test_a_full_kv_cache_is_an_upstream_error_not_a_proxy_defect() -> None:
     """The simulator's refusal (its KV cache full) reaches the service as the server's 503, recorded
     `upstream_error`; it was a TypeError once, recorded `internal_error`."""
-    from bench.lab import EngineSource, Writer
+    from bench.runners.lab import EngineSource, Writer
     from proxy.errors import UpstreamStatusError
     from proxy.models import BudgetedPrompt, NormalizedRequest
 

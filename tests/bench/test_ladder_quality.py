@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bench import ladder, quality
-from bench.corpus import code_texts
+from bench.doubles.responder import Responder
+from bench.runners import ladder, quality
+from bench.workloads.corpus import code_texts
 from proxy.budget import HfTokenizer
 
 CODE = "\n".join(code_texts())
@@ -38,14 +39,10 @@ def flaky_server(fail_every: int) -> web.Application:
         count["n"] += 1
         if count["n"] % fail_every == 0:
             return web.json_response({"error": {"code": 503, "message": "CUDA error: out of memory"}}, status=503)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
+        answer = Responder(request, body | {"stream": True}, f"flaky-{count['n']}", "m")
         for piece in ("a", "b", "c"):
-            await response.write(b'data: {"choices":[{"text":"' + piece.encode() + b'"}]}\n\n')
-        usage = b'{"prompt_tokens": %d, "completion_tokens": 3}' % len(body["prompt"])
-        await response.write(b'data: {"choices":[{"text":"","finish_reason":"length"}],"usage":' + usage + b"}\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        return response
+            await answer.write(piece)
+        return await answer.finish("length", {"prompt_tokens": len(body["prompt"]), "completion_tokens": 3})
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
@@ -132,7 +129,7 @@ def test_request_bodies() -> None:
 def test_the_budget_bench_counts_a_reused_answer_as_no_prompt() -> None:
     """A keystroke typed through the last completion is answered without `usage` (no upstream request):
     `bench budget` once crashed on it with KeyError: 'usage'."""
-    from bench.hot_budget import CONTEXT, MAX_TOKENS, over_budget
+    from bench.runners.budget import CONTEXT, MAX_TOKENS, over_budget
 
     assert over_budget({"choices": [{"text": "rest"}]}) is False
     assert over_budget({"usage": {"prompt_tokens": CONTEXT - MAX_TOKENS}}) is False

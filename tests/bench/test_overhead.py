@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.overhead import measure, render
+from bench.runners.overhead import measure, render
 from proxy.cli import main
 
 
@@ -41,3 +41,16 @@ def test_impossible_numbers_are_one_line_and_exit_2(flag: str, capsys: pytest.Ca
     assert stopped.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "must be at least 1" in err[-1]
+
+
+def test_added_latency_is_read_at_the_50th_and_95th_percentiles() -> None:
+    from bench.runners.overhead import PathRound, _row
+
+    direct = PathRound(ttft_ms=[1.0] * 100, total_ms=[2.0] * 100)
+    slow_tail = [1.0 + i / 100 for i in range(100)]  # added 0.00 .. 0.99 ms
+    measured = {"direct": direct, **{name: PathRound(ttft_ms=slow_tail, total_ms=[2.5] * 100) for name in
+                                     ("bare", "parsing", "proxy")}}  # fmt: skip
+    row = _row(0, measured, requests=100)
+    assert row["proxy"]["added_ttft_p50_ms"] == pytest.approx(0.49)  # the median, not the 0.5th percentile
+    assert row["proxy"]["added_ttft_p95_ms"] == pytest.approx(0.94)
+    assert row["proxy"]["added_total_p50_ms"] == pytest.approx(0.5)

@@ -8,12 +8,15 @@ from typing import Any
 
 import aiohttp
 
-from bench.replay import PolicyResult, parse_policy
-from bench.team import Tap, developers_markdown, failover_times, failures, run_developers
-from tests.bench.test_editor import burst_trace, sim_url  # noqa: F401  (the fixture)
+from bench.reports.results import PolicyResult
+from bench.reports.team_report import developers_markdown, failover_times, failures
+from bench.runners.policy import parse_policy
+from bench.runners.replay import run_developers
+from bench.runners.team import Tap
+from tests.bench.bursts import burst_trace
 
 
-async def test_developers_replay_at_once_each_under_its_own_routing_key(sim_url: str) -> None:  # noqa: F811
+async def test_developers_replay_at_once_each_under_its_own_routing_key(sim_url: str) -> None:
     tap = Tap("worker-a", sim_url)
     await tap.start()
     try:
@@ -30,7 +33,7 @@ async def test_developers_replay_at_once_each_under_its_own_routing_key(sim_url:
     assert "| proxy/dev-1 | 24 |" in table and "worker-a: 3" in table
 
 
-async def test_a_stopped_tap_refuses_connections_like_a_dead_worker(sim_url: str) -> None:  # noqa: F811
+async def test_a_stopped_tap_refuses_connections_like_a_dead_worker(sim_url: str) -> None:
     tap = Tap("worker-a", sim_url)
     url = await tap.start()
     async with aiohttp.ClientSession() as session:

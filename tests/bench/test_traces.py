@@ -10,10 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.convert import from_josephg, from_progsnap2, from_recording
-from bench.corpus import code_files
-from bench.synth import synthesize
-from bench.trace import Edit, Open, Trace, TraceError, read_trace, replay_text, write_trace
+from bench.workloads.convert import from_josephg, from_progsnap2, from_recording
+from bench.workloads.corpus import code_files
+from bench.workloads.synth import synthesize
+from bench.workloads.trace import Edit, Open, Trace, TraceError, read_trace, replay_text, write_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "bench" / "traces"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import ladder
+from bench.runners import ladder
 from proxy.budget.tokenizers import CountingTokenizer, UpstreamTokenizer, _vocab_byte_lengths, upstream_counter
 from proxy.http import PROBES, RECORDS
 from proxy.upstream import UpstreamClient

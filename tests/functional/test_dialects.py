@@ -9,10 +9,12 @@ from typing import Any
 import orjson
 import pytest
 
+from bench.doubles.fake_upstream import FakeUpstream
 from proxy.http import PROBES, RECORDS
 from proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.sse import events
+from tests.virtual_time import Answer, proxy_before, run_virtual
 
 pytestmark = pytest.mark.embedded
 
@@ -160,18 +162,19 @@ async def test_minuet_openai_fim_stream(proxy: Any) -> None:
     assert seen[-1] == "[DONE]"
 
 
-async def test_burst_of_infill_requests_yields_one_upstream_request(
-    make_proxy: ProxyFactory, fake_upstream: Any
-) -> None:
-    fake, url = await fake_upstream()
-    proxy = await make_proxy(upstream=url, debounce_ms=150, tokenizer="chars")
-    tasks = []
-    for i in range(10):
-        request = llama_vim_request() | {"prompt": "    return " + "x" * i}
-        tasks.append(asyncio.create_task(proxy.post("/infill", json=request)))
-        await asyncio.sleep(0.01)  # keystrokes 10 ms apart
-    answers = await asyncio.gather(*tasks)
-    assert [a.headers["X-Mellum-Outcome"] for a in answers] == ["debounced"] * 9 + ["ok"]
+def test_burst_of_infill_requests_yields_one_upstream_request() -> None:
+    async def main() -> tuple[FakeUpstream, list[Answer]]:
+        fake = FakeUpstream()
+        async with proxy_before(fake.app(), debounce_ms=150, tokenizer="chars") as proxy:
+            tasks = []
+            for i in range(10):
+                request = llama_vim_request() | {"prompt": "    return " + "x" * i}
+                tasks.append(asyncio.create_task(proxy.post("/infill", request)))
+                await asyncio.sleep(0.01)  # keystrokes 10 ms apart (virtual time: exactly)
+            return fake, await asyncio.gather(*tasks)
+
+    fake, answers = run_virtual(main())
+    assert [a.outcome for a in answers] == ["debounced"] * 9 + ["ok"]
     assert len(fake.payloads) == 1
     prompt = fake.payloads[0]["prompt"]  # the budget rendered Mellum's FIM prompt, extra file first
     # the edited file is not util.py: llama.vim never names it, so its header names no file

@@ -11,25 +11,7 @@ from typing import Any
 
 from proxy.http import RECORDS
 from tests.conftest import ProxyFactory
-
-
-def llamacpp_shape(body: Any, status: int) -> bool:
-    error = body["error"]
-    return set(error) == {"code", "message", "type"} and error["code"] == status and bool(error["message"])
-
-
-def ollama_shape(body: Any, status: int) -> bool:
-    return set(body) == {"error"} and isinstance(body["error"], str) and bool(body["error"])
-
-
-def openai_shape(body: Any, status: int) -> bool:
-    return set(body["error"]) == {"message", "type"}
-
-
-SHAPES = {"/infill": llamacpp_shape, "/completion": llamacpp_shape, "/api/generate": ollama_shape,
-          "/v1/completions": openai_shape}  # fmt: skip
-NAMES = {"/infill": "llamacpp-infill", "/completion": "llamacpp-completion", "/api/generate": "ollama",
-         "/v1/completions": "openai"}  # fmt: skip
+from tests.shapes import NAMES, SHAPES, llamacpp_shape, ollama_shape
 
 
 async def test_413_in_every_dialects_shape_and_recorded(make_proxy: ProxyFactory, fake_upstream: Any) -> None:

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bench.fake_upstream import FakeUpstream
+from bench.doubles.fake_upstream import FakeUpstream
 from proxy.http import RECORDS, TELEMETRY, UPSTREAMS
 from tests.conftest import ProxyFactory
 

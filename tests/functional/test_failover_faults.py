@@ -3,15 +3,15 @@ request cannot take every upstream down, and the one that serves brings its own 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-from bench.fault_upstream import SilentServer, captive_portal
+from bench.doubles.fault_upstream import SilentServer, captive_portal
 from proxy.http import POLICIES, RECORDS, SERVICE, UPSTREAMS
+from proxy.observe import Changes
 from tests.conftest import ProxyFactory
 
 BODY = {"prompt": "def f(", "suffix": ")"}
@@ -53,16 +53,34 @@ async def served_by_second(proxy: Any, second_url: str, requests: int = 20) -> f
 async def test_a_garbage_first_upstream_is_failed_over(
     make_proxy: ProxyFactory, aiohttp_server: Any, fake_upstream: Any, first: str
 ) -> None:
-    bad = await aiohttp_server(captive_portal() if first == "portal" else broken_events())
+    app = captive_portal() if first == "portal" else broken_events()
+    checks, checked = counting_health(app)
+    bad = await aiohttp_server(app)
     _second, second_url = await fake_upstream()
     bad_url = str(bad.make_url("")).rstrip("/")
     proxy = await make_proxy(upstream=[bad_url, second_url], tokenizer="chars", reuse=False, health_interval_ms=50)
     assert await served_by_second(proxy, second_url) >= 0.95
     pool = proxy.app[UPSTREAMS]
     assert not pool.members[0].up  # and it stays out: an HTML page is no health answer either
-    await asyncio.sleep(0.2)  # four health checks: a portal's 200 never brings it back
+    seen = checks[0]
+    await checked.wait_for(lambda: checks[0] >= seen + 4)  # four more health checks
     if first == "portal":
-        assert not pool.members[0].up
+        assert not pool.members[0].up  # a portal's 200 never brought it back
+
+
+def counting_health(app: web.Application) -> tuple[list[int], Changes]:
+    """Count the `/health` requests `app` is asked (in `checks[0]`), with a signal on each."""
+    checks, checked = [0], Changes()
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/health":
+            checks[0] += 1
+            checked.notify()
+        return await handler(request)
+
+    app.middlewares.append(count)
+    return checks, checked
 
 
 async def test_a_silent_first_upstream_is_failed_over(

@@ -1,4 +1,4 @@
-"""The fault matrix: every upstream fault of `bench.fault_upstream` through every completion dialect,
+"""The fault matrix: every upstream fault of `bench.doubles.fault_upstream` through every completion dialect,
 streamed and not, and through the pass-through chat route.
 
 Each cell asserts what the editor gets (status, the dialect's own error shape or a stream that ends
@@ -16,10 +16,10 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
-from bench.fault_upstream import FAULTS, FaultUpstream
+from bench.doubles.fault_upstream import FAULTS, FaultUpstream
 from proxy.http import RECORDS, TELEMETRY
 from tests.conftest import ProxyFactory
-from tests.functional.test_error_shapes import SHAPES
+from tests.shapes import SHAPES
 
 BODIES: dict[str, dict[str, Any]] = {
     "/v1/completions": {"prompt": "def f(", "suffix": ")"},

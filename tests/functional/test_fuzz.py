@@ -18,7 +18,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.fake_upstream import FakeUpstream
+from bench.doubles.fake_upstream import FakeUpstream
 from proxy.config import Settings
 from proxy.http import RECORDS, build_app
 from proxy.http.server import serve_app

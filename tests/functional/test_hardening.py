@@ -15,12 +15,12 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bench.fake_upstream import FakeUpstream
+from bench.doubles.fake_upstream import FakeUpstream
 from proxy.config import Settings
 from proxy.http import RECORDS, TELEMETRY
 from proxy.http.server import serve, serve_app
 from tests.conftest import ProxyFactory
-from tests.functional.test_error_shapes import SHAPES, ollama_shape, openai_shape
+from tests.shapes import SHAPES, ollama_shape, openai_shape
 
 
 async def raw_request(port: int, head: bytes, body: bytes) -> tuple[int, bytes]:
@@ -187,7 +187,7 @@ async def test_a_defect_after_the_first_event_ends_the_stream_and_is_recorded(
 ) -> None:
     """An exception nobody expected, once the editor has its first event: the stream ends in Ollama's own
     way (an error line, then `done: true`), never with a second HTTP response inside the body."""
-    from bench.fault_upstream import FaultUpstream
+    from bench.doubles.fault_upstream import FaultUpstream
     from proxy.dialects.ollama import OllamaEncoder
 
     calls = {"n": 0}

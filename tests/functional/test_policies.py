@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
+from bench.doubles.fake_upstream import FakeUpstream
 from proxy.http import POLICIES, RECORDS
 from tests.conftest import ProxyFactory
 from tests.sse import collect_text, events
+from tests.virtual_time import Answer, proxy_before, run_virtual
 
 
 def records(proxy: Any) -> Any:
@@ -20,36 +22,39 @@ def outcomes(proxy: Any) -> list[str]:
     return [record.outcome.value for record in proxy.app[RECORDS]]
 
 
-async def test_burst_of_twenty_yields_one_upstream_request(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
-    fake, url = await fake_upstream()
-    proxy = await make_proxy(upstream=url, debounce_ms=150)
+def test_burst_of_twenty_yields_one_upstream_request() -> None:
+    async def main() -> tuple[FakeUpstream, list[Answer]]:
+        fake = FakeUpstream()
+        async with proxy_before(fake.app(), debounce_ms=150) as proxy:
+            tasks = []
+            for i in range(20):
+                body = {"prompt": f"x{i}"}
+                tasks.append(asyncio.create_task(proxy.post("/v1/completions", body, {"X-Session-Id": "ed"})))
+                await asyncio.sleep(0.01)  # keystrokes 10 ms apart (virtual time: exactly)
+            return fake, await asyncio.gather(*tasks)
 
-    async def send(i: int) -> Any:
-        resp = await proxy.post("/v1/completions", json={"prompt": f"x{i}"}, headers={"X-Session-Id": "ed"})
-        return resp.status, resp.headers.get("X-Mellum-Outcome"), (await resp.json())["choices"][0]["text"]
-
-    tasks = []
-    for i in range(20):
-        tasks.append(asyncio.create_task(send(i)))
-        await asyncio.sleep(0.01)  # keystrokes 10 ms apart
-    answers = await asyncio.gather(*tasks)
+    fake, answers = run_virtual(main())
     assert len(fake.payloads) == 1
     assert fake.payloads[0]["prompt"] == "x19"  # the newest request is the one computed
-    assert answers[-1] == (200, "ok", "t0 t1 t2 t3 ")
-    assert answers[:-1] == [(200, "debounced", "")] * 19
+    texts = [(a.status, a.outcome, a.body["choices"][0]["text"]) for a in answers]
+    assert texts[-1] == (200, "ok", "t0 t1 t2 t3 ")
+    assert texts[:-1] == [(200, "debounced", "")] * 19
 
 
-async def test_two_sessions_keep_their_own_windows(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
-    fake, url = await fake_upstream(slots=2)
-    proxy = await make_proxy(upstream=url, debounce_ms=150)
-    tasks = []
-    for i in range(10):
-        session = "a" if i % 2 == 0 else "b"
-        body = {"prompt": f"{session}{i}"}
-        tasks.append(asyncio.create_task(proxy.post("/v1/completions", json=body, headers={"X-Session-Id": session})))
-        await asyncio.sleep(0.01)
-    await asyncio.gather(*tasks)
-    assert sorted(p["prompt"] for p in fake.payloads) == ["a8", "b9"]
+def test_two_sessions_keep_their_own_windows() -> None:
+    async def main() -> FakeUpstream:
+        fake = FakeUpstream(slots=2)
+        async with proxy_before(fake.app(), debounce_ms=150) as proxy:
+            tasks = []
+            for i in range(10):
+                session = "a" if i % 2 == 0 else "b"
+                body = {"prompt": f"{session}{i}"}
+                tasks.append(asyncio.create_task(proxy.post("/v1/completions", body, {"X-Session-Id": session})))
+                await asyncio.sleep(0.01)
+            await asyncio.gather(*tasks)
+        return fake
+
+    assert sorted(p["prompt"] for p in run_virtual(main()).payloads) == ["a8", "b9"]
 
 
 async def test_newer_request_cancels_a_running_stream(make_proxy: ProxyFactory, fake_upstream: Any) -> None:

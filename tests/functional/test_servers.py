@@ -12,7 +12,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bench.fake_upstream import FakeUpstream
+from bench.doubles.fake_upstream import FakeUpstream
 from proxy.http import POLICIES, RECORDS
 from tests.conftest import ProxyFactory
 

@@ -10,7 +10,8 @@ import pytest
 
 from proxy.http import RECORDS, TELEMETRY
 from proxy.upstream.embedded import EmbeddedServer
-from tests.conftest import FakeGpu, ProxyFactory
+from tests.conftest import ProxyFactory
+from tests.fakes import FakeGpu
 from tests.sse import collect_text
 
 pytestmark = pytest.mark.embedded

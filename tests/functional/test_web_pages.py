@@ -12,7 +12,7 @@ import pytest
 
 from proxy.http import RECORDS
 from tests.conftest import ProxyFactory
-from tests.functional.test_error_shapes import SHAPES, ollama_shape, openai_shape
+from tests.shapes import SHAPES, ollama_shape, openai_shape
 
 ROUTES = [
     ("POST", "/v1/completions", {"prompt": "x = "}),

@@ -13,8 +13,6 @@ or the adaptive hold, with and without typed-through reuse and kept prefills.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -22,53 +20,12 @@ from hypothesis import strategies as st
 
 from proxy.budget import BudgetSettings, CharsEstimator, ContextBudget
 from proxy.completion import CompletionService, Policies
-from proxy.errors import ProxyError
-from proxy.models import Batches, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
+from proxy.models import NormalizedRequest, Outcome
 from proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
 from proxy.policies.reuse import ReuseCache
 from proxy.telemetry import RecentRecords, Telemetry
+from tests.fakes import MemoryUpstream, RecordingAnswer
 from tests.virtual_time import run_virtual
-
-
-class MemoryUpstream:
-    """Streams one `x` per max_tokens, 1 ms apart (virtual), and counts streams open at once."""
-
-    def __init__(self) -> None:
-        self.active = 0
-        self.max_active = 0
-        self.opened = 0
-        self.closed = 0
-
-    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
-        self.opened += 1
-        self.active += 1
-        self.max_active = max(self.max_active, self.active)
-        try:
-            for _ in range(prompt.max_tokens):
-                await asyncio.sleep(0.001)
-                yield [Chunk(text="x")]
-            yield [Chunk(text="", finish_reason="length")]
-        finally:
-            self.active -= 1
-            self.closed += 1
-
-
-@dataclass
-class RecordingAnswer:
-    """Keeps every call the service makes: ("finish", outcome, text) or ("fail", message)."""
-
-    calls: list[tuple[Any, ...]] = field(default_factory=list)
-    sent: str = ""
-
-    async def send(self, completion: Completion, chunks: Sequence[Chunk]) -> None:
-        self.sent += "".join(chunk.text for chunk in chunks)
-
-    async def finish(self, completion: Completion, outcome: Outcome) -> None:
-        self.calls.append(("finish", outcome, completion.text))
-
-    async def fail(self, completion: Completion, error: ProxyError) -> None:
-        self.calls.append(("fail", str(error)))
-
 
 arrival = st.tuples(
     st.integers(0, 15),  # ms after the previous arrival

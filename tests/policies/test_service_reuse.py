@@ -12,7 +12,7 @@ from proxy.observe import Changes
 from proxy.policies import AdmissionQueue, Debouncer, Supersede
 from proxy.policies.reuse import ReuseCache
 from proxy.telemetry import RecentRecords, Telemetry
-from tests.policies.test_properties import RecordingAnswer
+from tests.fakes import RecordingAnswer
 from tests.virtual_time import run_virtual
 
 TEXT = "compute(1)\n"

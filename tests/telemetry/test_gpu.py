@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from proxy.telemetry import GpuSampler, GpuUnavailableError, NvmlBackend
-from tests.conftest import FakeGpu
+from tests.fakes import FakeGpu
 
 
 async def test_window_sees_start_peak_and_end() -> None:

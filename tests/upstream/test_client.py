@@ -9,6 +9,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from bench.doubles.responder import Responder
 from proxy.dialects.openai import DONE, sse, text_completion
 from proxy.models import BudgetedPrompt, NormalizedRequest
 from proxy.upstream.client import UpstreamClient
@@ -69,8 +70,10 @@ async def test_the_client_sees_the_upstreams_text_events_unchanged(
 
 
 async def test_an_upstream_that_ignores_stream_true_still_gives_its_text(aiohttp_server: Any) -> None:
-    async def answer_json(request: web.Request) -> web.Response:
-        return web.json_response(text_completion("j", 1, "m", "whole answer", "stop", {"prompt_tokens": 3}))
+    async def answer_json(request: web.Request) -> web.StreamResponse:
+        answer = Responder(request, {"stream": False}, "j", "m")  # whatever the request asked
+        await answer.write("whole answer")
+        return await answer.finish("stop", {"prompt_tokens": 3})
 
     app = web.Application()
     app.router.add_post("/v1/completions", answer_json)

@@ -1,0 +1,115 @@
+"""A simulated OpenAI-compatible completion server over HTTP, for machines without a model.
+
+The server's behaviour is `bench.sim_engine.SimEngine` (llama.cpp's slots, FIFO queue,
+uninterruptible prefill, prompt cache); this module only speaks HTTP for it. A client that
+disconnects is marked gone: its task stops at the next decoded token, or is dropped when a slot
+takes it from the queue, as llama.cpp does. `/metrics` uses llama.cpp's names, so the bench reads
+sim and real servers the same way. What the "model" writes comes from `writer` (default: a
+deterministic junk text of a natural length, some ending before `max_tokens` as with EOS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+
+from aiohttp import web
+
+from bench.doubles.responder import Responder
+from bench.doubles.sim_engine import SimEngine, SimProfile, SimRefused
+
+__all__ = ["PROFILES", "SimProfile", "SimServer", "junk_text", "profile"]
+
+PROFILES = {
+    "embedded-cpu": SimProfile(
+        "embedded-cpu", prefill_tps=350, decode_tps=60, slots=2, kv_tokens=4096, chars_per_token=3.3,
+        batch_penalty=0.9, overhead_ms=8,
+        source="calibrated against the embedded llama.cpp server on this project's 2-core machine (gemma-3-270m "
+               "Q4_K_M, 2 slots): bench/reports/calibration",
+    ),
+    "gpu": SimProfile(
+        "gpu", prefill_tps=15_000, decode_tps=150, slots=4, kv_tokens=1 << 16, chars_per_token=3.3,
+        batch_penalty=0.05, overhead_ms=5,
+        source="GPU-like, derived (not measured): Mellum-4b Q8_0 on an RTX 4090 class card. Prefill from "
+               "llama.cpp's published RTX 4090 figure for llama 8B Q4_0 (pp512 10,359 t/s, ggml-org/llama.cpp "
+               "PR #7676) scaled to 4B parameters; decode from 1 TB/s over 4.3 GB of weights at ~65 % efficiency",
+    ),
+    "fast": SimProfile(
+        "fast", prefill_tps=50_000, decode_tps=2_000, slots=2, kv_tokens=1 << 20, chars_per_token=3.3,
+        batch_penalty=0.0, source="synthetic: fast enough for tests, same shape",
+    ),
+}  # fmt: skip
+
+Writer = Callable[[str, str], str]  # (prompt, suffix) -> what the model writes
+
+
+def profile(name: str) -> SimProfile:
+    if name not in PROFILES:
+        raise ValueError(f"unknown sim profile '{name}' (known: {', '.join(PROFILES)})")
+    return PROFILES[name]
+
+
+def junk_text(prompt: str, suffix: str = "") -> str:
+    """4-43 tokens of "tok", the same for the same prompt."""
+    natural = 4 + int(hashlib.sha256((prompt + suffix).encode()).hexdigest()[:4], 16) % 40
+    return "tok" + " tok" * (natural - 1)
+
+
+class SimServer:
+    def __init__(self, spec: SimProfile, writer: Writer = junk_text) -> None:
+        self.spec = spec
+        self.engine = SimEngine(spec)
+        self.writer = writer
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/props", self._props)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _props(self, request: web.Request) -> web.Response:
+        return web.json_response({"total_slots": self.spec.slots})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": f"sim-{self.spec.name}", "object": "model"}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        engine = self.engine
+        lines = [
+            f"llamacpp:prompt_tokens_total {engine.prompt_tokens}",
+            f"llamacpp:tokens_predicted_total {engine.tokens_predicted}",
+            f"llamacpp:requests_processing {engine.active}",
+            f"llamacpp:requests_deferred {engine.deferred}",
+        ]
+        return web.Response(text="\n".join(lines) + "\n")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt, suffix = str(body.get("prompt", "")), str(body.get("suffix") or "")
+        max_tokens = int(body.get("max_tokens") or 16)
+        try:
+            task = self.engine.submit(
+                prompt + suffix, max_tokens, self.writer(prompt, suffix), bool(body.get("stream"))
+            )
+        except SimRefused as exc:
+            return web.json_response({"error": {"message": str(exc), "type": "server_error"}}, status=503)
+        answer = Responder(request, body, f"sim-{self.engine.requests}", "sim")
+        try:
+            await answer.start()
+            async for batch in task.stream():
+                await answer.write(*batch)
+        except (asyncio.CancelledError, ConnectionResetError):
+            task.leave()
+            raise
+        count = task.completion_tokens
+        usage = {"prompt_tokens": task.prompt_tokens, "completion_tokens": count,
+                 "total_tokens": task.prompt_tokens + count,
+                 "prompt_tokens_details": {"cached_tokens": task.cached_tokens}}  # fmt: skip
+        return await answer.finish(task.finish_reason, usage)

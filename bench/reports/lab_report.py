@@ -1,0 +1,172 @@
+"""`bench lab`'s report: `defaults` against `direct` on every trace (the targets), the grid's Pareto
+frontier over the mean of the traces (`frontier.png`), and the Markdown."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.doubles.sim_engine import SimProfile
+from bench.reports.results import LabResult
+
+
+def summarize(
+    runs: Sequence[LabResult], specs: Sequence[SimProfile], accuracy: float, max_tokens: int, limit_events: int
+) -> dict[str, Any]:
+    """The runs, the targets, and per profile the means over traces and their Pareto frontier."""
+    return {
+        "accuracy": accuracy, "max_tokens": max_tokens, "limit_events": limit_events,
+        "profiles": {spec.name: spec.source for spec in specs},
+        "runs": [run.summary() for run in runs], "targets": _targets(runs),
+        "frontier": {spec.name: [r.policy for r in pareto(_means(runs, spec.name))] for spec in specs},
+        "means": {spec.name: [r.summary() for r in _means(runs, spec.name)] for spec in specs},
+    }  # fmt: skip
+
+
+def meets_targets(candidate: LabResult, direct: LabResult) -> dict[str, bool]:
+    """The issue's bar for the defaults against `direct` on one trace."""
+    cov, base = candidate.pause_coverage or 0.0, direct.pause_coverage or 0.0
+    return {
+        "coverage": cov >= base - 0.01,
+        "p95": (candidate.latency_p95_ms or math.inf) <= (direct.latency_p95_ms or math.inf),
+        "requests": candidate.upstream_requests * 3 <= direct.upstream_requests,
+        "waste": candidate.wasted_completion_tokens * 5 <= direct.wasted_completion_tokens,
+    }
+
+
+def pareto(results: Sequence[LabResult]) -> list[LabResult]:
+    """The results no other beats on all three: fewer requests per edit, more coverage, lower p95."""
+
+    def key(r: LabResult) -> tuple[float, float, float]:
+        return (r.requests_per_edit, -(r.pause_coverage or 0.0), r.latency_p95_ms or math.inf)
+
+    front = []
+    for r in results:
+        a = key(r)
+        if not any(all(x <= y for x, y in zip(key(o), a, strict=True)) and key(o) != a for o in results):
+            front.append(r)
+    return sorted(front, key=key)
+
+
+def _targets(runs: Sequence[LabResult]) -> list[dict[str, Any]]:
+    """`defaults` against `direct` on every (profile, trace)."""
+    rows = []
+    index = {(r.profile, r.trace, r.policy): r for r in runs}
+    for (prof, trace, name), run in index.items():
+        base = index.get((prof, trace, "direct"))
+        if name != "defaults" or base is None:
+            continue
+        rows.append({"profile": prof, "trace": trace, **meets_targets(run, base)})
+    return rows
+
+
+def _means(runs: Sequence[LabResult], prof: str) -> list[LabResult]:
+    """One result per policy on `prof`: the mean over traces (p95 too: the mean of the traces' p95s)."""
+    by_policy: dict[str, list[LabResult]] = {}
+    for run in runs:
+        if run.profile == prof:
+            by_policy.setdefault(run.policy, []).append(run)
+    means = []
+    for name, group in by_policy.items():
+        first = group[0]
+
+        def mean(key: str, group: list[LabResult] = group) -> float:
+            values = [getattr(r, key) for r in group if getattr(r, key) is not None]
+            return statistics.fmean(values) if values else math.nan
+
+        means.append(LabResult(
+            policy=name, trace="mean", profile=prof, accuracy=first.accuracy, edits=sum(r.edits for r in group),
+            pauses=sum(r.pauses for r in group), pause_coverage=mean("pause_coverage"),
+            latency_p50_ms=mean("latency_p50_ms"), latency_p95_ms=mean("latency_p95_ms"),
+            upstream_requests=sum(r.upstream_requests for r in group), requests_per_edit=mean("requests_per_edit"),
+            completion_tokens=sum(r.completion_tokens for r in group),
+            wasted_completion_tokens=sum(r.wasted_completion_tokens for r in group),
+            prompt_tokens_computed=sum(r.prompt_tokens_computed for r in group),
+            predicted_chars=sum(r.predicted_chars or 0 for r in group), reused=sum(r.reused for r in group),
+            timeouts=sum(r.timeouts for r in group), errors=sum(r.errors for r in group),
+            peak_held=max(r.peak_held for r in group), settings=first.settings,
+        ))  # fmt: skip
+    return means
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return spec.format(value)
+
+
+COLUMNS = [
+    ("trace", "trace", "{}"), ("policy", "policy", "{}"), ("edits", "edits", "{}"), ("pauses", "pauses", "{}"),
+    ("pause_coverage", "pause coverage", "{:.1%}"), ("latency_p50_ms", "p50 ms", "{:.0f}"),
+    ("latency_p95_ms", "p95 ms", "{:.0f}"), ("upstream_requests", "upstream requests", "{}"),
+    ("requests_per_edit", "upstream / edit", "{:.2f}"), ("wasted_completion_tokens", "wasted tokens", "{}"),
+    ("predicted_chars", "predicted chars", "{}"), ("reused", "reused", "{}"), ("timeouts", "timeouts", "{}"),
+    ("peak_held", "server peak held", "{}"),
+]  # fmt: skip
+
+
+def _table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]] = COLUMNS) -> list[str]:
+    lines = ["| " + " | ".join(title for _, title, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(row.get(key), spec) for key, _, spec in columns) + " |" for row in rows]
+    return lines
+
+
+def render(result: dict[str, Any], command: str) -> str:
+    intro = (
+        "Virtual time (`bench/runners/lab.py`): the proxy's real service and policies in front of the simulated "
+        "server; "
+        f"completions are what the person typed next with probability {result['accuracy']:g}, else junk; "
+        f"{result['max_tokens']} tokens asked; the first {result['limit_events']} edits of each trace."
+    )
+    lines = [f"`{command}`", "", intro, ""]
+    lines += ["Targets for `defaults` against `direct` (plugin cancels): coverage >= direct - 1 point, p95 <= direct, "
+              "upstream requests <= 1/3, wasted completion tokens <= 1/5.", ""]  # fmt: skip
+    marks = {True: "yes", False: "**no**"}
+    lines += ["| profile | trace | coverage | p95 | requests | waste |", "|---|---|---|---|---|---|"]
+    for row in result["targets"]:
+        lines.append(f"| {row['profile']} | {row['trace']} | " + " | ".join(
+            marks[row[k]] for k in ("coverage", "p95", "requests", "waste")) + " |")  # fmt: skip
+    for prof, source in result["profiles"].items():
+        lines += ["", f"## {prof}", "", f"Server: {source}.", ""]
+        rows = [r for r in result["runs"] if r["profile"] == prof and r["policy"] in ("direct", "defaults")]
+        rows = rows or [r for r in result["runs"] if r["profile"] == prof]
+        lines += _table(rows)
+        frontier = result["frontier"].get(prof, [])
+        means = {r["policy"]: r for r in result["means"][prof]}
+        if len(means) > 2:
+            lines += ["", f"Pareto frontier over the mean of the traces ({len(means)} policies; fewer upstream "
+                      "requests per edit, more coverage, lower p95):", ""]  # fmt: skip
+            lines += _table([means[name] | {"trace": "mean"} for name in frontier])
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Upstream requests per edit against p95, one panel per server; colour: coverage; frontier ringed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    profiles = list(result["profiles"])
+    figure, axes = plt.subplots(1, len(profiles), figsize=(6 * len(profiles), 4.5), squeeze=False)
+    for axis, prof in zip(axes[0], profiles, strict=True):
+        means = result["means"][prof]
+        frontier = set(result["frontier"].get(prof, []))
+        points = axis.scatter([m["requests_per_edit"] for m in means], [m["latency_p95_ms"] for m in means],
+                              c=[m["pause_coverage"] for m in means], cmap="viridis", vmin=0, vmax=1, s=30)  # fmt: skip
+        for m in means:
+            if m["policy"] in frontier:
+                axis.scatter([m["requests_per_edit"]], [m["latency_p95_ms"]], s=120, facecolors="none",
+                             edgecolors="red")  # fmt: skip
+            if m["policy"] in ("direct", "defaults"):
+                axis.annotate(m["policy"], (m["requests_per_edit"], m["latency_p95_ms"]), fontsize=8)
+        axis.set_title(f"{prof}: mean over traces (red: Pareto frontier)")
+        axis.set_xlabel("upstream requests per edit")
+        axis.set_ylabel("pause->shown p95 (ms)")
+        figure.colorbar(points, ax=axis, label="pause coverage")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,57 @@
+"""What every bench command shares to show its result: the command line as a reader would retype it,
+`NAME.json` and `NAME.md` written together, and a progress bar."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.console import fail
+
+Render = Callable[[dict[str, Any], str], str]
+
+
+def command_line() -> str:
+    """The command line as a reader would retype it; the home directory is written `~`, so no report
+    carries a user's own paths."""
+    home = str(Path.home())
+    args = ["~" + arg[len(home) :] if arg == home or arg.startswith(home + "/") else arg for arg in sys.argv[2:]]
+    return "mellum-proxy bench " + " ".join(arg if arg.startswith("~/") else shlex.quote(arg) for arg in args)
+
+
+def write_report(out: Path, name: str, result: dict[str, Any], render: Render) -> None:
+    """`NAME.json` and `NAME.md` in `out`, and the Markdown on stdout."""
+    command = command_line()
+    text = render(result, command)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.json").write_bytes(orjson.dumps(result | {"command": command}))
+        (out / f"{name}.md").write_text(text)
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror}")
+    print(text, end="")
+    print(f"wrote {out}/{name}.md and {name}.json")
+
+
+def progress_bar(name: str, total: int) -> Callable[[int, int], None] | None:
+    """A tqdm bar on stderr fed `(position, in_flight)`; None without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    bar = tqdm(total=total, desc=name, unit="event", leave=True, file=sys.stderr)
+
+    def update(position: int, in_flight: int) -> None:
+        bar.n = position + 1
+        bar.set_postfix(in_flight=in_flight, refresh=False)
+        if position % 25 == 0 or position + 1 == total:
+            bar.refresh()
+        if position + 1 == total:
+            bar.close()
+
+    return update

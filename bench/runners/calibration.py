@@ -1,0 +1,108 @@
+"""`mellum-proxy bench calibrate`: the same trace on the real embedded llama.cpp server (real time) and
+in the lab on `sim:embedded-cpu` (virtual time), for `direct` and the defaults, side by side.
+
+The simulator is trusted for a policy choice only where the two agree: within 15 % on pause coverage,
+pause->shown p95 and the server's peak held requests (running + queued, from its own `/metrics`).
+The simulated model's accuracy defaults to 0: the embedded gemma-3-270m was not trained for
+fill-in-the-middle, and its suggestions (almost) never begin with what the person typed next — the
+real run's `predicted chars` says how often they did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.doubles.sim import profile
+from bench.reports.writing import write_report
+from bench.runners.lab import run_lab
+from bench.runners.policy import Policy
+from bench.runners.replay import run_policy
+from bench.runners.upstreams import upstream_for
+from bench.workloads.convert import load_trace
+from bench.workloads.trace import Event, TraceError, limited
+from proxy.console import POSITIVE, SHARE, fail
+
+
+def add_commands(commands: Any) -> None:
+    calibrate = commands.add_parser(
+        "calibrate", help="one trace on the real embedded server and on the lab's simulator"
+    )
+    calibrate.add_argument("trace", type=Path)
+    calibrate.add_argument("--limit-events", type=POSITIVE, default=300, help="edits [default: 300]")
+    calibrate.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
+    calibrate.add_argument("--accuracy", type=SHARE, default=0.0,
+                           help="the simulated model's (gemma is not a FIM model) [default: 0]")  # fmt: skip
+    calibrate.add_argument("--out", type=Path, default=Path("bench/out/calibration"))
+    calibrate.set_defaults(run=_calibrate)
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    try:
+        events = list(limited(load_trace(args.trace), args.limit_events))
+    except (OSError, TraceError, ValueError) as exc:
+        fail(str(exc))
+
+    async def run() -> dict[str, Any]:
+        async with upstream_for("embedded") as (url, described):
+            return await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy)
+
+    write_report(args.out, "calibration", asyncio.run(run()), render)
+
+
+TOLERANCE = 0.15
+METRICS = (
+    ("pause_coverage", "pause coverage", "{:.0%}"),
+    ("latency_p95_ms", "p95 ms", "{:.0f}"),
+    ("peak_held", "server peak held", "{:.0f}"),
+    ("upstream_requests", "upstream requests", "{:.0f}"),
+    ("predicted_chars", "predicted chars", "{:.0f}"),
+)
+INFORMATION = {"upstream_requests", "predicted_chars"}  # shown, not held to the tolerance
+
+
+async def measure(
+    events: Sequence[Event], trace: str, url: str, described: str, max_tokens: int, accuracy: float,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:  # fmt: skip
+    rows = []
+    for name, settings in (("direct", None), ("defaults", {})):
+        real = await run_policy(Policy(name, settings), list(events), url, max_tokens=max_tokens)
+        progress(f"real {name}: coverage {real.pause_coverage or 0:.0%}, p95 {real.latency_p95_ms or 0:.0f} ms")
+        lab = await asyncio.to_thread(
+            run_lab, Policy(name, settings), events, profile("embedded-cpu"), trace, accuracy, max_tokens=max_tokens
+        )  # fmt: skip (its own virtual-time loop)
+        real_values = {"pause_coverage": real.pause_coverage, "latency_p95_ms": real.latency_p95_ms,
+                       "peak_held": real.max_inflight, "upstream_requests": real.upstream_requests,
+                       "predicted_chars": real.predicted_chars}  # fmt: skip
+        lab_values = {key: getattr(lab, key) for key, _, _ in METRICS}
+        rows.append({"policy": name, "real": real_values, "sim": lab_values,
+                     "idle_wait_s": real.idle_wait_s})  # fmt: skip
+    return {"trace": trace, "edits": sum(1 for e in events if hasattr(e, "offset")), "upstream": described,
+            "profile": profile("embedded-cpu").__repr__(), "rows": rows, "max_tokens": max_tokens,
+            "accuracy": accuracy}  # fmt: skip
+
+
+def _agrees(real: float | None, sim: float | None) -> bool:
+    if real is None or sim is None:
+        return False
+    return abs(sim - real) <= TOLERANCE * max(abs(real), 1e-9)
+
+
+def render(result: dict[str, Any], command: str) -> str:
+    trace = f"- trace: {result['trace']}, {result['edits']} edits, {result['max_tokens']} tokens asked"
+    trace += f"; simulated accuracy {result.get('accuracy', 0):g}"
+    lines = [f"`{command}`", "", trace,
+             f"- real: {result['upstream']} (real time, through `bench replay`)",
+             f"- sim: the lab in virtual time on {result['profile']}", "",
+             "| policy | metric | real | sim | within 15 % |", "|---|---|---|---|---|"]  # fmt: skip
+    for row in result["rows"]:
+        for key, title, spec in METRICS:
+            real, sim = row["real"][key], row["sim"][key]
+            cells = [spec.format(v) if v is not None else "-" for v in (real, sim)]
+            agree = "-" if key in INFORMATION else "yes" if _agrees(real, sim) else "**no**"
+            lines.append(f"| {row['policy']} | {title} | {cells[0]} | {cells[1]} | {agree} |")
+    return "\n".join(lines) + "\n"

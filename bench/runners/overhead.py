@@ -1,0 +1,173 @@
+"""`mellum-proxy bench overhead`: what the proxy adds to each request, against a bare relay.
+
+Four paths to one fast fake upstream, in interleaved rounds so machine noise hits all alike:
+`direct` (client -> upstream), `bare` (client -> `bench.doubles.relays.bare_relay` -> upstream),
+`parsing` (client -> `parsing_relay`, which parses the request and the events and nothing else -> upstream) and
+`proxy` (client -> mellum-proxy with its policies off: debounce 0, no deadline, the `chars` tokenizer
+-> upstream).
+Each round sends `requests` sequential streaming completions per path. Added latency is a path's
+percentile less direct's in the same round; CPU per request is the process's CPU time for the round
+less direct's (client and fake upstream cost the same in both), so what remains is the relay's own.
+All of it runs in this one process: the ratios compare like with like, the absolute numbers are the
+machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import aiohttp
+
+from bench.doubles.fake_upstream import FakeUpstream
+from bench.doubles.relays import bare_relay, parsing_relay
+from bench.reports.writing import write_report
+from proxy.config import Settings
+from proxy.console import POSITIVE
+from proxy.http import build_app, serve_app
+from proxy.telemetry.stats import percentile
+
+
+def add_commands(commands: Any) -> None:
+    overhead = commands.add_parser("overhead", help="what the proxy adds per request: direct, a bare relay, the proxy")
+    overhead.add_argument("--requests", type=POSITIVE, default=500, help="per path and round [default: 500]")
+    overhead.add_argument("--rounds", type=POSITIVE, default=3, help="interleaved rounds [default: 3]")
+    overhead.add_argument("--tokens", type=POSITIVE, default=16, help="streamed tokens per request [default: 16]")
+    overhead.add_argument("--out", type=Path, default=Path("bench/out/overhead"))
+    overhead.set_defaults(run=_overhead)
+
+
+def _overhead(args: argparse.Namespace) -> None:
+    result = asyncio.run(measure(args.requests, args.rounds, args.tokens, progress=print))
+    write_report(args.out, "overhead", result, render)
+
+
+PATHS = ("direct", "bare", "parsing", "proxy")
+RELAYS = PATHS[1:]
+PROXY_SETTINGS: dict[str, Any] = {
+    "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64,
+}  # fmt: skip
+
+
+@dataclass
+class PathRound:
+    ttft_ms: list[float] = field(default_factory=list)
+    total_ms: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[float, float]:
+    started = time.perf_counter()
+    first = None
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        async for line in resp.content:
+            if first is None and line.startswith(b"data: {"):
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return ((first or end) - started) * 1000, (end - started) * 1000
+
+
+async def _round(session: aiohttp.ClientSession, url: str, requests: int, body: dict[str, Any]) -> PathRound:
+    result = PathRound()
+    cpu = time.process_time()
+    for _ in range(requests):
+        ttft, total = await _one(session, url, body)
+        result.ttft_ms.append(ttft)
+        result.total_ms.append(total)
+    result.cpu_s = time.process_time() - cpu
+    return result
+
+
+async def measure(
+    requests: int = 500, rounds: int = 3, tokens: int = 16, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run the interleaved rounds; returns per-round figures and the ratios proxy / bare."""
+    fake = FakeUpstream(tokens=tokens, slots=64)
+    body = {"prompt": "def fibonacci(n):\n    ", "max_tokens": tokens, "stream": True}
+    async with serve_app(fake.app()) as upstream, serve_app(bare_relay(upstream)) as bare:
+        async with (
+            serve_app(parsing_relay(upstream)) as parsing,
+            serve_app(build_app(Settings(upstream=upstream, **PROXY_SETTINGS))) as proxy,
+        ):
+            urls = {"direct": upstream, "bare": bare, "parsing": parsing, "proxy": proxy}
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                for url in urls.values():
+                    await _round(session, url, 20, body)  # warm up connections and code paths
+                rows = []
+                for number in range(rounds):
+                    measured = {name: await _round(session, urls[name], requests, body) for name in PATHS}
+                    rows.append(_row(number, measured, requests))
+                    if progress is not None:
+                        progress(_line(rows[-1]))
+    return {"requests": requests, "rounds": rounds, "tokens": tokens, "rows": rows, "summary": _summary(rows)}
+
+
+def _added(path: PathRound, direct: PathRound, values: str, q: float) -> float:
+    return (percentile(getattr(path, values), q) or 0.0) - (percentile(getattr(direct, values), q) or 0.0)
+
+
+def _row(number: int, measured: dict[str, PathRound], requests: int) -> dict[str, Any]:
+    direct = measured["direct"]
+    row: dict[str, Any] = {"round": number + 1}
+    for name in RELAYS:
+        path = measured[name]
+        row[name] = {
+            "added_ttft_p50_ms": _added(path, direct, "ttft_ms", 50),
+            "added_total_p50_ms": _added(path, direct, "total_ms", 50),
+            "added_ttft_p95_ms": _added(path, direct, "ttft_ms", 95),
+            "cpu_ms_per_request": (path.cpu_s - direct.cpu_s) * 1000 / requests,
+        }
+    row["direct"] = {"ttft_p50_ms": percentile(direct.ttft_ms, 50), "total_p50_ms": percentile(direct.total_ms, 50)}
+    return row
+
+
+def _ratio(rows: list[dict[str, Any]], key: str, over: str = "bare", path: str = "proxy") -> float | None:
+    ratios = [row[path][key] / row[over][key] for row in rows if row[over][key] > 0]
+    return median(ratios) if ratios else None
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request")
+    summary = {f"proxy_over_bare_{key}": _ratio(rows, key) for key in keys}
+    summary |= {f"parsing_over_bare_{key}": _ratio(rows, key, path="parsing") for key in keys}
+    return summary
+
+
+def _line(row: dict[str, Any]) -> str:
+    cells = ", ".join(
+        f"{name} {row[name]['added_ttft_p50_ms']:.2f} ms TTFT / {row[name]['cpu_ms_per_request']:.2f} ms CPU"
+        for name in RELAYS
+    )
+    return f"round {row['round']}: added {cells}"
+
+
+def render(result: dict[str, Any], command: str) -> str:
+    """The report as Markdown: one row per round and path, then the median ratios."""
+    lines = [
+        "# Relay overhead",
+        "",
+        f"`{command}`: {result['requests']} sequential streaming requests per path and round, "
+        f"{result['tokens']} tokens each, fake upstream; added = the path's percentile less direct's.",
+        "",
+        "| round | path | added TTFT p50 ms | added TTFT p95 ms | added total p50 ms | CPU ms / request |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        for name in RELAYS:
+            cell = row[name]
+            lines.append(
+                f"| {row['round']} | {name} | {cell['added_ttft_p50_ms']:.2f} | {cell['added_ttft_p95_ms']:.2f} | "
+                f"{cell['added_total_p50_ms']:.2f} | {cell['cpu_ms_per_request']:.2f} |"
+            )
+    lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare |", "|---|---|---|"]
+    summary = result["summary"]
+    for key in ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"):
+        cells = [summary.get(f"{path}_over_bare_{key}") for path in ("proxy", "parsing")]
+        lines.append(f"| {key} | " + " | ".join("-" if v is None else f"{v:.2f}x" for v in cells) + " |")
+    return "\n".join(lines) + "\n"

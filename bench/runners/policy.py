@@ -1,0 +1,70 @@
+"""A policy to replay: a name, the proxy settings (or none: straight to the server) and the simulated
+plugin's own options; and the proxy it runs in."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.http import RECORDS, build_app, serve_app
+from proxy.telemetry import RecentRecords
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    settings: dict[str, Any] | None  # proxy settings; None: direct to the upstream
+    plugin_cancel: bool = True  # the plugin cancels its open request on the next edit
+    plugin_debounce_ms: float = 0  # the plugin's own debounce (real-time replay only)
+
+
+def parse_policy(text: str) -> Policy:
+    """`NAME[:key=value,...]`; a NAME of `direct` or `direct-...` is the no-proxy baseline.
+
+    Raises:
+        ValueError: malformed, or a setting the proxy does not have.
+    """
+    name, _, rest = text.partition(":")
+    options: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"policy '{text}': expected key=value, got '{part}'")
+        options[key.strip()] = value.strip()
+    cancel = options.pop("plugin_cancel", "true").lower() not in ("false", "0", "no")
+    debounce = float(options.pop("plugin_debounce_ms", "0"))
+    if name == "direct" or name.startswith("direct-"):
+        if options:
+            raise ValueError(f"policy '{text}': direct takes only plugin_* options")
+        return Policy(name, None, cancel, debounce)
+    unknown = set(options) - set(Settings.model_fields)
+    if unknown:
+        raise ValueError(f"policy '{text}': unknown proxy setting(s) {', '.join(sorted(unknown))}")
+    return Policy(name, options, cancel, debounce)
+
+
+def settings_policy(via_proxy: bool, proxy_settings: Sequence[str]) -> Policy:
+    """`direct`, or the proxy with `KEY=VALUE` settings (`--via-proxy --proxy-setting ...`).
+
+    Raises:
+        ValueError: a setting the proxy does not have.
+    """
+    return parse_policy("proxy:" + ",".join(proxy_settings) if via_proxy else "direct")
+
+
+@contextlib.asynccontextmanager
+async def proxy_for(policy: Policy, upstream: str) -> AsyncIterator[tuple[str, web.Application | None]]:
+    """The URL the plugin talks to: the upstream itself (direct) or a fresh in-process proxy."""
+    if policy.settings is None:
+        yield upstream, None
+        return
+    settings = Settings.model_validate({"upstream": upstream, **policy.settings})  # a policy may name its own
+    app = build_app(settings)
+    app[RECORDS] = RecentRecords(size=1 << 20)  # every record of the replay, not only the last 256
+    async with serve_app(app) as url:
+        yield url, app
