@@ -120,29 +120,24 @@ class Flight:
         return not self.finished or (self.capped and self.completion.finish_reason == "length")
 
 
+@dataclass(eq=False)
 class Flights:
     """The upstream requests in flight, and every task they need, owned here and closed by `close`."""
 
-    def __init__(
-        self,
-        upstream: CompletionSource,
-        admission: AdmissionQueue,
-        budget: ContextBudget,
-        clock: Clock,
-        keep_prefill: bool = False,
-        takeover: bool = False,
-    ) -> None:
-        self.upstream = upstream
-        self.admission = admission
-        self.budget = budget
-        self.clock = clock
-        self.keep_prefill = keep_prefill
-        self.takeover = takeover  # a newer keystroke may take an abandoned flight over (reuse is on)
+    upstream: CompletionSource
+    admission: AdmissionQueue
+    budget: ContextBudget
+    clock: Clock
+    keep_prefill: bool = False
+    takeover: bool = False  # a newer keystroke may take an abandoned flight over (reuse is on)
+    prefill_s: float | None = field(default=None, init=False)  # running estimate of the time to first token
+    sent_upstream: int = field(default=0, init=False)  # upstream requests sent and not yet let go by the server
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        upstream = self.upstream
         self.holds = upstream if isinstance(upstream, SaysWhatItHolds) else None
         self.serves = upstream if isinstance(upstream, SaysWhoServed) else None
-        self.prefill_s: float | None = None  # running estimate of the time to first token
-        self.sent_upstream = 0  # upstream requests sent and not yet let go by the server
-        self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self, request: NormalizedRequest, prompt: BudgetedPrompt, completion: Completion, lease: Lease) -> Flight:
         """The upstream request for `prompt`, streaming in a task of its own that owns `lease`."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.doubles.responder import Responder
+from bench.doubles.responder import Responder, routes
 
 
 class FakeUpstream:
@@ -47,11 +47,8 @@ class FakeUpstream:
         self._changed = asyncio.Condition()
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/props", self._props)
-        app.router.add_get("/health", self._health)
-        return app
+        return routes({"POST /v1/completions": self._completions, "GET /props": self._props,
+                       "GET /health": self._health})  # fmt: skip
 
     async def wait_until(self, predicate: Any, timeout_s: float = 5.0) -> None:
         """Wait (event-driven) until `predicate(self)` holds; the timeout is only a safety net."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.doubles.responder import Responder
+from bench.doubles.responder import Responder, answering, routes
 from proxy.dialects.openai import DONE, sse, text_completion
 
 FAULTS: dict[str, str] = {
@@ -59,13 +59,9 @@ class FaultUpstream:
         self.active = 0
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._completions)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/props", self._props)
-        return app
+        return routes({"POST /v1/completions": self._completions, "POST /v1/chat/completions": self._completions,
+                       "GET /v1/models": self._models, "GET /health": answering({"status": "ok"}),
+                       "GET /props": answering({"total_slots": 4})})  # fmt: skip
 
     def fault_for(self, payload: dict[str, Any]) -> str:
         prompt = payload.get("prompt")
@@ -74,12 +70,6 @@ class FaultUpstream:
             prompt = str(messages[-1].get("content", "")) if isinstance(messages[-1], dict) else ""
         found = _MARKER.search(prompt)
         return found.group(1) if found and found.group(1) in FAULTS else self.fault
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def _props(self, request: web.Request) -> web.Response:
-        return web.json_response({"total_slots": 4})
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         if self.fault == "stall_before_headers":
@@ -174,9 +164,7 @@ def captive_portal() -> web.Application:
     async def page(request: web.Request) -> web.Response:
         return web.Response(text="<html><body>Please sign in to the network</body></html>", content_type="text/html")
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", page)
-    return app
+    return routes({"* /{tail:.*}": page})
 
 
 class SilentServer:

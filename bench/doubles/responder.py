@@ -6,6 +6,7 @@ count, fail) is its own."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -54,3 +55,25 @@ class Responder:
         await self.response.write(self.event("", reason, **extra) + DONE)
         await self.response.write_eof()
         return self.response
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def routes(table: Mapping[str, Handler]) -> web.Application:
+    """An app from `{"POST /v1/completions": handler, "GET /health": handler, ...}` (a path may hold a
+    pattern: `"* /{tail:.*}"`)."""
+    app = web.Application()
+    for route, handler in table.items():
+        method, _, path = route.partition(" ")
+        app.router.add_route(method, path, handler)
+    return app
+
+
+def answering(body: Any, status: int = 200) -> Handler:
+    """A handler that answers every request with `body` as JSON."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return web.json_response(body, status=status)
+
+    return handle

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from bench.doubles.responder import Responder
+from bench.doubles.responder import Responder, answering, routes
 from bench.doubles.sim_engine import SimEngine, SimProfile, SimRefused
 
 __all__ = ["PROFILES", "SimProfile", "SimServer", "junk_text", "profile"]
@@ -63,22 +63,11 @@ class SimServer:
         self.writer = writer
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/props", self._props)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/metrics", self._metrics)
-        return app
-
-    async def _props(self, request: web.Request) -> web.Response:
-        return web.json_response({"total_slots": self.spec.slots})
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": f"sim-{self.spec.name}", "object": "model"}]})
+        models = {"object": "list", "data": [{"id": f"sim-{self.spec.name}", "object": "model"}]}
+        props = {"total_slots": self.spec.slots}
+        return routes({"POST /v1/completions": self._completions, "GET /props": answering(props),
+                       "GET /health": answering({"status": "ok"}), "GET /v1/models": answering(models),
+                       "GET /metrics": self._metrics})  # fmt: skip
 
     async def _metrics(self, request: web.Request) -> web.Response:
         engine = self.engine

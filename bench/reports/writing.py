@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +57,25 @@ def progress_bar(name: str, total: int) -> Callable[[int, int], None] | None:
             bar.close()
 
     return update
+
+
+def command(
+    commands: Any, name: str, help: str, run: Callable[[argparse.Namespace], None], out: str | None = None
+) -> argparse.ArgumentParser:
+    """A bench command's parser, run by `run`; with `out`, an `--out` folder that defaults to `bench/out/OUT`."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
+    if out is not None:
+        parser.add_argument("--out", type=Path, default=Path("bench/out") / out)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def measured(
+    name: str, measure: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]], render: Render
+) -> Callable[[argparse.Namespace], None]:
+    """A command's handler: run `measure(args)`, then write `NAME.json` and `NAME.md` in `--out`."""
+
+    def run(args: argparse.Namespace) -> None:
+        write_report(args.out, name, asyncio.run(measure(args)), render)
+
+    return run

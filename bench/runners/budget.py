@@ -21,21 +21,19 @@ Three measurements against the embedded llama.cpp server (gemma-3-270m, one slot
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from bench.doubles.responder import Responder
-from bench.reports.writing import write_report
+from bench.doubles.responder import Responder, answering, routes
+from bench.reports.writing import command, measured
 from bench.workloads.corpus import code_texts
 from proxy.budget import BUILTIN, BudgetSettings, ContextBudget, UpstreamTokenizer
 from proxy.budget.local import load_local
@@ -53,19 +51,13 @@ JSON = {"Content-Type": "application/json"}
 
 
 def add_commands(commands: Any) -> None:
-    budget = commands.add_parser("budget", help="the exact budget per keystroke: agreement, pre-upstream time, "
-                                 "/tokenize, and the stepped window's prompt-cache reuse")  # fmt: skip
+    about = "the exact budget per keystroke: agreement, pre-upstream time, /tokenize, the stepped window's cache reuse"
+    run = measured("budget", lambda args: measure(args.keystrokes, args.replay, args.reuse_keystrokes, print), render)
+    budget = command(commands, "budget", about, run, out="budget")
     budget.add_argument("--keystrokes", type=POSITIVE, default=40, help="typed per file size [default: 40]")
     budget.add_argument("--replay", type=POSITIVE, default=300, help="keystrokes replayed [default: 300]")
     budget.add_argument("--reuse-keystrokes", type=POSITIVE, default=300,
                         help="retyped per window step, for the cache reuse [default: 300]")  # fmt: skip
-    budget.add_argument("--out", type=Path, default=Path("bench/out/budget"))
-    budget.set_defaults(run=_budget)
-
-
-def _budget(args: argparse.Namespace) -> None:
-    result = asyncio.run(measure(args.keystrokes, args.replay, args.reuse_keystrokes, progress=print))
-    write_report(args.out, "budget", result, render)
 
 
 def corpus_file(size: int) -> str:
@@ -82,11 +74,9 @@ class RecordingUpstream:
         self.tokenize_calls = 0
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self._complete)
-        app.router.add_post("/tokenize", self._tokenize)
-        app.router.add_get("/health", _answer({"status": "ok"}))
-        app.router.add_get("/props", _answer({"total_slots": 1}))
+        app = routes({"POST /v1/completions": self._complete, "POST /tokenize": self._tokenize,
+                      "GET /health": answering({"status": "ok"}),
+                      "GET /props": answering({"total_slots": 1})})  # fmt: skip
         app.cleanup_ctx.append(self._session)
         return app
 
@@ -285,10 +275,3 @@ def render(result: dict[str, Any], command: str) -> str:
     if steps:
         lines += ["", f"Stepped edges: the server computed {naive / steps:.1f}x fewer prompt tokens."]
     return "\n".join(lines) + "\n"
-
-
-def _answer(body: dict[str, Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def handle(request: web.Request) -> web.Response:
-        return web.json_response(body)
-
-    return handle

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.doubles.sim import profile
-from bench.reports.writing import write_report
+from bench.reports.writing import command, write_report
 from bench.runners.lab import run_lab
 from bench.runners.policy import Policy
 from bench.runners.replay import run_policy
@@ -28,16 +28,13 @@ from proxy.console import POSITIVE, SHARE, fail
 
 
 def add_commands(commands: Any) -> None:
-    calibrate = commands.add_parser(
-        "calibrate", help="one trace on the real embedded server and on the lab's simulator"
-    )
+    calibrate = command(commands, "calibrate", "one trace on the real embedded server and on the lab's simulator",
+                        _calibrate, out="calibration")  # fmt: skip
     calibrate.add_argument("trace", type=Path)
     calibrate.add_argument("--limit-events", type=POSITIVE, default=300, help="edits [default: 300]")
     calibrate.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
     calibrate.add_argument("--accuracy", type=SHARE, default=0.0,
                            help="the simulated model's (gemma is not a FIM model) [default: 0]")  # fmt: skip
-    calibrate.add_argument("--out", type=Path, default=Path("bench/out/calibration"))
-    calibrate.set_defaults(run=_calibrate)
 
 
 def _calibrate(args: argparse.Namespace) -> None:

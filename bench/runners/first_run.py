@@ -9,37 +9,29 @@ checks each: not empty, not cut by the deadline, no fill-in-the-middle marker in
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.reports.writing import write_report
+from bench.reports.writing import command, measured
 from bench.runners.processes import busy_cores, free_port, wait_healthy
 from bench.workloads.corpus import CODE_DIR
 from proxy.console import INDEX
 
 
 def add_commands(commands: Any) -> None:
-    first = commands.add_parser("first-run", help="a newcomer's `make run`: time to healthy, to the first completion, "
-                                "and what six completions show")  # fmt: skip
+    about = "a newcomer's `make run`: time to healthy, to the first completion, and what six completions show"
+    handler = measured("first-run", lambda args: run(args.busy, extra=tuple(args.serve_args)),
+                       lambda result, command: render(result))  # fmt: skip
+    first = command(commands, "first-run", about, handler, out="first-run")
     first.add_argument("--busy", type=INDEX, default=1, help="processes keeping a core busy meanwhile [default: 1]")
-    first.add_argument("--out", type=Path, default=Path("bench/out/first-run"))
     first.add_argument("serve_args", nargs="*", help="extra `serve` flags, after --")
-    first.set_defaults(run=_first_run)
-
-
-def _first_run(args: argparse.Namespace) -> None:
-    result = asyncio.run(run(args.busy, extra=tuple(args.serve_args)))
-    write_report(args.out, "first-run", result, lambda result, command: render(result))
 
 
 # Where the cursor is: the text of the line up to the cursor; the rest of that line is not written yet.

@@ -27,7 +27,7 @@ from bench.doubles.sim import profile
 from bench.doubles.sim_engine import SimEngine, SimProfile, SimRefused
 from bench.reports import lab_report
 from bench.reports.results import LabResult, Seen
-from bench.reports.writing import write_report
+from bench.reports.writing import command, write_report
 from bench.runners.playback import Clock, play
 from bench.runners.policy import Policy, parse_policy
 from bench.workloads.convert import load_trace
@@ -59,7 +59,8 @@ FIXED = (0, 150, 300)  # debounce_ms of the fixed rule, for comparison
 
 
 def add_commands(commands: Any) -> None:
-    lab = commands.add_parser("lab", help="policies x traces x servers in virtual time: targets, grid and frontier")
+    about = "policies x traces x servers in virtual time: targets, grid and frontier"
+    lab = command(commands, "lab", about, _lab, out="lab")
     lab.add_argument("traces", nargs="*", type=Path,
                      help="traces [default: the two shipped ones and three synthetic typists]")  # fmt: skip
     lab.add_argument("--profile", action="append", help="sim profile(s) [default: embedded-cpu and gpu]")
@@ -69,8 +70,6 @@ def add_commands(commands: Any) -> None:
                      help="share of completions that are what the person typed next [default: 0.3]")  # fmt: skip
     lab.add_argument("--limit-events", type=POSITIVE, default=1500, help="edits per trace [default: 1500]")
     lab.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
-    lab.add_argument("--out", type=Path, default=Path("bench/out/lab"))
-    lab.set_defaults(run=_lab)
 
 
 def _lab(args: argparse.Namespace) -> None:

@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.reports.writing import command_line
-from bench.runners.policy import Policy, proxy_for, settings_policy
+from bench.reports.writing import command, command_line
+from bench.runners.policy import add_proxy_options, chosen_policy, proxy_for
 from bench.runners.upstreams import context_limit, upstream_for
 from bench.workloads.corpus import code_texts
 from proxy.budget.tokenizers import TokenCounter, upstream_counter
@@ -37,13 +37,10 @@ from proxy.upstream import UpstreamClient
 
 
 def add_commands(commands: Any) -> None:
-    ladder = commands.add_parser(
-        "ladder", help="prompt length x concurrency against a real server: TTFT, memory, failures"
-    )
+    about = "prompt length x concurrency against a real server: TTFT, memory, failures"
+    ladder = command(commands, "ladder", about, _ladder, out="ladder")
     ladder.add_argument("--upstream", required=True, help="URL or 'embedded'")
-    ladder.add_argument("--via-proxy", action="store_true", help="run the same workload through the proxy")
-    ladder.add_argument("--proxy-setting", action="append", default=[], metavar="KEY=VALUE",
-                        help="a proxy setting for --via-proxy (repeatable)")  # fmt: skip
+    add_proxy_options(ladder)
     ladder.add_argument("--contexts", default="short,mid,long", help="prompt tokens, or short,mid,long [default]")
     ladder.add_argument("--concurrency", default="1,2,4", help="requests at once [default: 1,2,4]")
     ladder.add_argument("--repeat", type=POSITIVE, default=5, help="requests per cell [default: 5]")
@@ -53,15 +50,6 @@ def add_commands(commands: Any) -> None:
                         help="the server's context per request [default: from /props]")  # fmt: skip
     ladder.add_argument("--gpu", type=INDEX, default=0)
     ladder.add_argument("--upstream-pid", type=POSITIVE, help="server PID, for its host memory")
-    ladder.add_argument("--out", type=Path, default=Path("bench/out/ladder"))
-    ladder.set_defaults(run=_ladder)
-
-
-def _policy(args: argparse.Namespace) -> Policy:
-    try:
-        return settings_policy(args.via_proxy, args.proxy_setting)
-    except ValueError as exc:
-        fail(str(exc))
 
 
 def _ladder(args: argparse.Namespace) -> None:
@@ -94,7 +82,7 @@ async def _run_ladder(args: argparse.Namespace, concurrencies: list[int]) -> Non
                 fail(f"cannot cut the prompts with the server's /tokenize: {exc}")
         gpu = GpuSampler(lambda: NvmlBackend(args.gpu, pid))
         gpu.open()
-        async with proxy_for(_policy(args), url) as (target, _):
+        async with proxy_for(chosen_policy(args), url) as (target, _):
             print(f"upstream: {described}; context limit {limit}; {'via proxy' if args.via_proxy else 'direct'}")
             cells = await run_ladder(target + "/v1/completions", prompts, concurrencies, args.repeat,
                                             args.max_tokens, gpu, pid, progress=print, model=model)  # fmt: skip

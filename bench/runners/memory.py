@@ -19,19 +19,18 @@ from typing import Any
 import aiohttp
 
 from bench.doubles.fake_upstream import FakeUpstream
-from bench.reports.writing import write_report
+from bench.reports.writing import command, write_report
 from bench.runners.processes import free_port, rss_mib, wait_healthy
 from proxy.console import POSITIVE, fail
 from proxy.http import serve_app
 
 
 def add_commands(commands: Any) -> None:
-    memory = commands.add_parser("memory", help="the proxy's resident memory, idle and over many requests")
+    about = "the proxy's resident memory, idle and over many requests"
+    memory = command(commands, "memory", about, _memory, out="memory")
     memory.add_argument("--requests", type=POSITIVE, default=100_000, help="streaming requests [default: 100000]")
     memory.add_argument("--clients", type=POSITIVE, default=8, help="concurrent clients [default: 8]")
     memory.add_argument("--gguf", type=Path, help="also run with this GGUF's vocabulary as the tokenizer")
-    memory.add_argument("--out", type=Path, default=Path("bench/out/memory"))
-    memory.set_defaults(run=_memory)
 
 
 def _memory(args: argparse.Namespace) -> None:

@@ -14,12 +14,9 @@ machine's.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -27,7 +24,7 @@ import aiohttp
 
 from bench.doubles.fake_upstream import FakeUpstream
 from bench.doubles.relays import bare_relay, parsing_relay
-from bench.reports.writing import write_report
+from bench.reports.writing import command, measured
 from proxy.config import Settings
 from proxy.console import POSITIVE
 from proxy.http import build_app, serve_app
@@ -35,17 +32,12 @@ from proxy.telemetry.stats import percentile
 
 
 def add_commands(commands: Any) -> None:
-    overhead = commands.add_parser("overhead", help="what the proxy adds per request: direct, a bare relay, the proxy")
+    about = "what the proxy adds per request: direct, a bare relay, the proxy"
+    run = measured("overhead", lambda args: measure(args.requests, args.rounds, args.tokens, print), render)
+    overhead = command(commands, "overhead", about, run, out="overhead")
     overhead.add_argument("--requests", type=POSITIVE, default=500, help="per path and round [default: 500]")
     overhead.add_argument("--rounds", type=POSITIVE, default=3, help="interleaved rounds [default: 3]")
     overhead.add_argument("--tokens", type=POSITIVE, default=16, help="streamed tokens per request [default: 16]")
-    overhead.add_argument("--out", type=Path, default=Path("bench/out/overhead"))
-    overhead.set_defaults(run=_overhead)
-
-
-def _overhead(args: argparse.Namespace) -> None:
-    result = asyncio.run(measure(args.requests, args.rounds, args.tokens, progress=print))
-    write_report(args.out, "overhead", result, render)
 
 
 PATHS = ("direct", "bare", "parsing", "proxy")

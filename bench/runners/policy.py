@@ -3,14 +3,16 @@ plugin's own options; and the proxy it runs in."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.console import fail
 from proxy.http import RECORDS, build_app, serve_app
 from proxy.telemetry import RecentRecords
 
@@ -48,13 +50,19 @@ def parse_policy(text: str) -> Policy:
     return Policy(name, options, cancel, debounce)
 
 
-def settings_policy(via_proxy: bool, proxy_settings: Sequence[str]) -> Policy:
-    """`direct`, or the proxy with `KEY=VALUE` settings (`--via-proxy --proxy-setting ...`).
+def add_proxy_options(parser: argparse.ArgumentParser) -> None:
+    """`--via-proxy` and its `--proxy-setting KEY=VALUE`s, read back by `chosen_policy`."""
+    parser.add_argument("--via-proxy", action="store_true", help="run the same workload through the proxy")
+    parser.add_argument("--proxy-setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="a proxy setting for --via-proxy (repeatable)")  # fmt: skip
 
-    Raises:
-        ValueError: a setting the proxy does not have.
-    """
-    return parse_policy("proxy:" + ",".join(proxy_settings) if via_proxy else "direct")
+
+def chosen_policy(args: argparse.Namespace) -> Policy:
+    """`direct`, or the proxy with the `--proxy-setting`s (a setting it does not have: one line, exit 2)."""
+    try:
+        return parse_policy("proxy:" + ",".join(args.proxy_setting) if args.via_proxy else "direct")
+    except ValueError as exc:
+        fail(str(exc))
 
 
 @contextlib.asynccontextmanager

@@ -21,33 +21,23 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.reports.writing import command_line, progress_bar
-from bench.runners.policy import Policy, proxy_for, settings_policy
+from bench.reports.writing import command, command_line, progress_bar
+from bench.runners.policy import add_proxy_options, chosen_policy, proxy_for
 from bench.runners.upstreams import upstream_for
 from proxy.budget.templates import FimParts, template_for
 from proxy.console import POSITIVE, fail
 
 
 def add_commands(commands: Any) -> None:
-    quality = commands.add_parser("quality", help="HumanEval single-line infilling acceptance set")
+    quality = command(commands, "quality", "HumanEval single-line infilling acceptance set", _quality, out="quality")
     quality.add_argument("--upstream", help="URL or 'embedded'")
-    quality.add_argument("--via-proxy", action="store_true")
-    quality.add_argument("--proxy-setting", action="append", default=[], metavar="KEY=VALUE")
+    add_proxy_options(quality)
     quality.add_argument("--template", default="mellum", help="FIM template [default: mellum]")
     quality.add_argument("--limit", type=POSITIVE, help="the first N tasks")
     quality.add_argument("--execute", action="store_true", help="run the problems' tests (not a sandbox!)")
     quality.add_argument(
         "--compare", nargs=2, type=Path, metavar=("A.json", "B.json"), help="what got worse from A to B"
     )
-    quality.add_argument("--out", type=Path, default=Path("bench/out/quality"))
-    quality.set_defaults(run=_quality)
-
-
-def _policy(args: argparse.Namespace) -> Policy:
-    try:
-        return settings_policy(args.via_proxy, args.proxy_setting)
-    except ValueError as exc:
-        fail(str(exc))
 
 
 def _quality(args: argparse.Namespace) -> None:
@@ -77,7 +67,7 @@ def _quality(args: argparse.Namespace) -> None:
 
 
 async def _run_quality(args: argparse.Namespace, tasks: list[Any], problems: dict[str, Any]) -> None:
-    policy = _policy(args)
+    policy = chosen_policy(args)
     if args.via_proxy and policy.settings is not None:
         policy.settings.setdefault("fim_template", args.template)
     async with upstream_for(args.upstream) as (url, described), proxy_for(policy, url) as (target, _):

@@ -30,21 +30,18 @@ import aiohttp
 import orjson
 
 from bench.doubles.fault_upstream import FaultUpstream, SilentServer, captive_portal
-from bench.reports.writing import write_report
+from bench.reports.writing import command, write_report
 from bench.runners.processes import free_port, process_state, wait_healthy
 from proxy.console import INDEX, POSITIVE, fail
 from proxy.http import serve_app
 
 
 def add_commands(commands: Any) -> None:
-    soak = commands.add_parser(
-        "soak", help="many mixed requests with upstream faults: RSS, fds, tasks, log completeness"
-    )
+    soak = command(commands, "soak", "many mixed requests with upstream faults: RSS, fds, tasks, log completeness",
+                   _soak, out="soak")  # fmt: skip
     soak.add_argument("--requests", type=POSITIVE, default=100_000, help="requests in all [default: 100000]")
     soak.add_argument("--clients", type=POSITIVE, default=8, help="concurrent editors [default: 8]")
     soak.add_argument("--seed", type=INDEX, default=0, help="of the request mix [default: 0]")
-    soak.add_argument("--out", type=Path, default=Path("bench/out/soak"))
-    soak.set_defaults(run=_soak)
 
 
 def _soak(args: argparse.Namespace) -> None:

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from bench.reports.results import Phase
 from bench.reports.team_report import developers_markdown, failover_times, failures, team_report
-from bench.reports.writing import command_line
+from bench.reports.writing import command, command_line
 from bench.runners.playback import schedule
 from bench.runners.policy import Policy, parse_policy
 from bench.runners.processes import free_port
@@ -45,7 +45,8 @@ log = logging.getLogger("mellum_proxy.bench")
 
 
 def add_commands(commands: Any) -> None:
-    team = commands.add_parser("team", help="2 embedded workers behind vllm-router, 3 developers' proxies, failover")
+    about = "2 embedded workers behind vllm-router, 3 developers' proxies, failover"
+    team = command(commands, "team", about, _team, out="team")
     team.add_argument("traces", nargs="*", type=Path, help="one per developer [default: the shipped traces, then "
                       "synthetic typing of bench/code]")  # fmt: skip
     team.add_argument("--router-bin", default="vllm-router", help="the vllm-router executable [default: on PATH]")
@@ -53,8 +54,6 @@ def add_commands(commands: Any) -> None:
     team.add_argument("--limit-events", type=POSITIVE, default=250, help="edits per developer [default: 250]")
     team.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
     team.add_argument("--health-interval-ms", type=POSITIVE, default=500, help="the proxies' [default: 500]")
-    team.add_argument("--out", type=Path, default=Path("bench/out/team"))
-    team.set_defaults(run=_team)
 
 
 def _team(args: argparse.Namespace) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import statistics
 from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 
 from proxy.clock import LOOP_CLOCK, Clock
 
@@ -30,23 +31,16 @@ RHYTHM_GAPS = 8
 MAX_SESSIONS = 1024
 
 
+@dataclass(eq=False)
 class Dispatch:
     """The adaptive rule; the fixed one is the `Debouncer`'s own window (`Policies.dispatch` is None)."""
 
-    def __init__(
-        self,
-        hold_idle_max_s: float = 0.0,
-        hold_busy_max_s: float = 0.0,
-        gap_factor: float = 1.0,
-        clock: Clock = LOOP_CLOCK,
-        hold_min_s: float = 0.0,
-    ) -> None:
-        self.hold_idle_max_s = hold_idle_max_s
-        self.hold_busy_max_s = hold_busy_max_s
-        self.gap_factor = gap_factor
-        self.hold_min_s = hold_min_s
-        self.clock = clock
-        self._rhythm: OrderedDict[str, tuple[float, deque[float]]] = OrderedDict()
+    hold_idle_max_s: float = 0.0
+    hold_busy_max_s: float = 0.0
+    gap_factor: float = 1.0
+    clock: Clock = LOOP_CLOCK
+    hold_min_s: float = 0.0
+    _rhythm: OrderedDict[str, tuple[float, deque[float]]] = field(default_factory=OrderedDict, init=False, repr=False)
 
     @property
     def max_hold_s(self) -> float:

@@ -6,6 +6,7 @@ It observes and never steers: no sink can change or fail a request.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from proxy.clock import LOOP_CLOCK, Clock
 from proxy.errors import ProxyError
@@ -19,26 +20,19 @@ from proxy.telemetry.record import RecentRecords, RequestRecord
 log = logging.getLogger("mellum_proxy")
 
 
+@dataclass(eq=False)
 class Telemetry:
-    def __init__(
-        self,
-        records: RecentRecords,
-        gpu: GpuSampler | None = None,
-        log: JsonlLog | None = None,
-        metrics: ProxyMetrics | None = None,
-        log_content: bool = False,
-        recorder: JsonlLog | None = None,
-        clock: Clock = LOOP_CLOCK,
-        deadline_watch: DeadlineWatch | None = None,
-    ) -> None:
-        self.records = records
-        self.deadline_watch = deadline_watch
-        self.gpu = gpu
-        self.log = log
-        self.metrics = metrics
-        self.log_content = log_content
-        self.recorder = recorder
-        self.clock = clock
+    """The sinks: the recent records (`/status`), the GPU sampler, the request log (`--log`), the metrics, the
+    recording (`--record`) and the deadline watch."""
+
+    records: RecentRecords
+    gpu: GpuSampler | None = None
+    log: JsonlLog | None = None
+    metrics: ProxyMetrics | None = None
+    log_content: bool = False
+    recorder: JsonlLog | None = None
+    clock: Clock = LOOP_CLOCK
+    deadline_watch: DeadlineWatch | None = None
 
     def sinks(self) -> list[JsonlLog]:
         """The files requests are written to (`--log`, `--record`)."""

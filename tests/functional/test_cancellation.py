@@ -33,6 +33,10 @@ class Upstream:
                     return float(line.split()[1])
         raise AssertionError(f"{name} not in /metrics")
 
+    async def counters(self) -> tuple[float, float]:
+        """Tokens predicted and decode steps, so far."""
+        return await self.metric("llamacpp:tokens_predicted_total"), await self.metric("llamacpp:n_decode_total")
+
     async def busy_slots(self) -> int:
         async with self.session.get(self.url + "/slots") as resp:
             return sum(slot["is_processing"] for slot in await resp.json())
@@ -72,8 +76,7 @@ async def test_superseded_stream_stops_the_server(
     make_proxy: ProxyFactory, embedded_server: EmbeddedServer, upstream: Upstream
 ) -> None:
     proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, max_tokens=512)
-    predicted = await upstream.metric("llamacpp:tokens_predicted_total")
-    decodes = await upstream.metric("llamacpp:n_decode_total")
+    predicted, decodes = await upstream.counters()
     old = await proxy.post("/v1/completions", json={**LONG, "stream": True})
     chunks = 0
     async for _ in events(old):
@@ -92,8 +95,7 @@ async def test_superseded_non_stream_request_stops_the_server(
     make_proxy: ProxyFactory, embedded_server: EmbeddedServer, upstream: Upstream
 ) -> None:
     proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, max_tokens=512)
-    predicted = await upstream.metric("llamacpp:tokens_predicted_total")
-    decodes = await upstream.metric("llamacpp:n_decode_total")
+    predicted, decodes = await upstream.counters()
     old = asyncio.create_task(proxy.post("/v1/completions", json=LONG))
     await upstream.decodes_grow(decodes, by=5)  # a few tokens generated
     newer = await proxy.post("/v1/completions", json={"prompt": "x = ", "max_tokens": 1})
@@ -114,8 +116,7 @@ async def test_timeout_stops_the_server(
             upstream=embedded_server.url, debounce_ms=0, timeout_ms=timeout_ms, max_tokens=512, tokenizer="upstream"
         )
         await asyncio.wait_for(proxy.app[PROBES].settled.wait(), 10)  # nothing else asks the server meanwhile
-        predicted = await upstream.metric("llamacpp:tokens_predicted_total")
-        decodes = await upstream.metric("llamacpp:n_decode_total")
+        predicted, decodes = await upstream.counters()
         resp = await proxy.post("/v1/completions", json=LONG)
         assert resp.headers["X-Mellum-Outcome"] == "timeout"
         body = await resp.json()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from bench.doubles.responder import routes
 from proxy.http import POLICIES, PROBES, SERVICE
 from tests.conftest import ProxyFactory
 
@@ -20,11 +21,7 @@ class LoadingServer:
         self.loading = True
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/props", self._props)
-        app.router.add_post("/tokenize", self._tokenize)
-        return app
+        return routes({"GET /health": self._health, "GET /props": self._props, "POST /tokenize": self._tokenize})
 
     def _unavailable(self) -> web.Response:
         return web.json_response({"error": {"code": 503, "message": "Loading model"}}, status=503)

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from bench.doubles.fake_upstream import FakeUpstream
+from bench.doubles.responder import answering, routes
 from proxy.http import POLICIES, RECORDS
 from tests.conftest import ProxyFactory
 
@@ -210,24 +211,15 @@ class OllamaShaped:
         self.truncated = 0
 
     def app(self) -> web.Application:
-        app = web.Application()
-
-        def answering(body: Any) -> Any:
-            async def handler(request: web.Request) -> web.Response:
-                return web.json_response(body)
-
-            return handler
-
         entry = {"name": OLLAMA_MODEL, "model": OLLAMA_MODEL, "size": 1, "digest": "d", "details": {}}
-        app.router.add_get("/api/version", answering({"version": "0.12.6"}))
-        app.router.add_get("/api/tags", answering({"models": [entry]}))
-        app.router.add_get("/api/ps", answering({"models": [{**entry, "context_length": self.context}]}))
-        app.router.add_post("/api/show", answering({"parameters": "stop <fim_prefix>", "template": "{{ .Prompt }}"}))
         listing = {"object": "list", "data": [{"id": OLLAMA_MODEL, "object": "model", "owned_by": "library"}]}
-        app.router.add_get("/v1/models", answering(listing))
-        app.router.add_post("/api/generate", self._generate)
-        app.router.add_post("/v1/completions", self._openai)
-        return app
+        return routes({
+            "GET /api/version": answering({"version": "0.12.6"}), "GET /api/tags": answering({"models": [entry]}),
+            "GET /api/ps": answering({"models": [{**entry, "context_length": self.context}]}),
+            "POST /api/show": answering({"parameters": "stop <fim_prefix>", "template": "{{ .Prompt }}"}),
+            "GET /v1/models": answering(listing), "POST /api/generate": self._generate,
+            "POST /v1/completions": self._openai,
+        })  # fmt: skip
 
     async def _openai(self, request: web.Request) -> web.Response:
         self.openai_completions += 1
