@@ -91,8 +91,8 @@ class Flight:
         self._wake()
 
     def _wake(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
+        self.changed.set()  # wakes every waiter: each has its own future, already resolved by `clear`
+        self.changed.clear()
 
     async def wait(self, seen: int) -> None:
         """Return once there are more than `seen` batches, or it has ended."""

@@ -18,8 +18,8 @@ class Changes:
 
     def notify(self) -> None:
         """Wake every waiter (callable from sync code on the event loop's thread)."""
-        self._event.set()
-        self._event = asyncio.Event()
+        self._event.set()  # wakes every waiter (their futures are resolved now), and is ready for the next
+        self._event.clear()
 
     async def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
         """Return once `predicate()` holds; raise `TimeoutError` after `timeout_s` (a safety net)."""

@@ -1,13 +1,14 @@
 """`mellum-proxy bench overhead`: what the proxy adds to each request, against a bare relay.
 
-Four paths to one fast fake upstream, in interleaved rounds so machine noise hits all alike:
+Four paths to one fast fake upstream, request by request in turn (the order rotating) so that machine
+noise hits all alike:
 `direct` (client -> upstream), `bare` (client -> `bench.doubles.relays.bare_relay` -> upstream),
 `parsing` (client -> `parsing_relay`, which parses the request and the events and nothing else -> upstream) and
 `proxy` (client -> mellum-proxy with its policies off: debounce 0, no deadline, the `chars` tokenizer
 -> upstream).
 Each round sends `requests` sequential streaming completions per path. Added latency is a path's
-percentile less direct's in the same round; CPU per request is the process's CPU time for the round
-less direct's (client and fake upstream cost the same in both), so what remains is the relay's own.
+percentile less direct's in the same round; CPU per request is the process's CPU time spent on the path's
+requests less direct's (client and fake upstream cost the same in both), so what remains is the relay's own.
 All of it runs in this one process: the ratios compare like with like, the absolute numbers are the
 machine's.
 """
@@ -42,6 +43,7 @@ def add_commands(commands: Any) -> None:
 
 PATHS = ("direct", "bare", "parsing", "proxy")
 RELAYS = PATHS[1:]
+TTFT_TARGET, CPU_TARGET = 1.3, 1.5  # the proxy against the relay that only parses
 PROXY_SETTINGS: dict[str, Any] = {
     "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64,
 }  # fmt: skip
@@ -65,15 +67,21 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -
     return ((first or end) - started) * 1000, (end - started) * 1000
 
 
-async def _round(session: aiohttp.ClientSession, url: str, requests: int, body: dict[str, Any]) -> PathRound:
-    result = PathRound()
-    cpu = time.process_time()
-    for _ in range(requests):
-        ttft, total = await _one(session, url, body)
-        result.ttft_ms.append(ttft)
-        result.total_ms.append(total)
-    result.cpu_s = time.process_time() - cpu
-    return result
+async def _round(
+    session: aiohttp.ClientSession, urls: dict[str, str], requests: int, body: dict[str, Any]
+) -> dict[str, PathRound]:
+    """`requests` completions per path, one path after the other in turn, the first of each turn rotating."""
+    measured = {name: PathRound() for name in urls}
+    names = list(urls)
+    for number in range(requests):
+        for name in names[number % len(names) :] + names[: number % len(names)]:
+            result = measured[name]
+            cpu = time.process_time()
+            ttft, total = await _one(session, urls[name], body)
+            result.cpu_s += time.process_time() - cpu
+            result.ttft_ms.append(ttft)
+            result.total_ms.append(total)
+    return measured
 
 
 async def measure(
@@ -89,12 +97,10 @@ async def measure(
         ):
             urls = {"direct": upstream, "bare": bare, "parsing": parsing, "proxy": proxy}
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-                for url in urls.values():
-                    await _round(session, url, 20, body)  # warm up connections and code paths
+                await _round(session, urls, 20, body)  # warm up connections and code paths
                 rows = []
                 for number in range(rounds):
-                    measured = {name: await _round(session, urls[name], requests, body) for name in PATHS}
-                    rows.append(_row(number, measured, requests))
+                    rows.append(_row(number, await _round(session, urls, requests, body), requests))
                     if progress is not None:
                         progress(_line(rows[-1]))
     return {"requests": requests, "rounds": rounds, "tokens": tokens, "rows": rows, "summary": _summary(rows)}
@@ -128,6 +134,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request")
     summary = {f"proxy_over_bare_{key}": _ratio(rows, key) for key in keys}
     summary |= {f"parsing_over_bare_{key}": _ratio(rows, key, path="parsing") for key in keys}
+    summary |= {f"proxy_over_parsing_{key}": _ratio(rows, key, over="parsing") for key in keys}
     return summary
 
 
@@ -157,9 +164,16 @@ def render(result: dict[str, Any], command: str) -> str:
                 f"| {row['round']} | {name} | {cell['added_ttft_p50_ms']:.2f} | {cell['added_ttft_p95_ms']:.2f} | "
                 f"{cell['added_total_p50_ms']:.2f} | {cell['cpu_ms_per_request']:.2f} |"
             )
-    lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare |", "|---|---|---|"]
+    lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare | proxy / parsing |", "|---|---|---|---|"]
     summary = result["summary"]
     for key in ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"):
-        cells = [summary.get(f"{path}_over_bare_{key}") for path in ("proxy", "parsing")]
+        cells = [
+            summary.get(f"{ratio}_{key}") for ratio in ("proxy_over_bare", "parsing_over_bare", "proxy_over_parsing")
+        ]
         lines.append(f"| {key} | " + " | ".join("-" if v is None else f"{v:.2f}x" for v in cells) + " |")
+    ttft, cpu = (summary.get(f"proxy_over_parsing_{key}") for key in ("added_ttft_p50_ms", "cpu_ms_per_request"))
+    if ttft is not None and cpu is not None:
+        met = "met" if ttft <= TTFT_TARGET and cpu <= CPU_TARGET else "**not met**"
+        lines += ["", f"Target (proxy / parsing: added TTFT p50 <= {TTFT_TARGET}x, CPU <= {CPU_TARGET}x): {met} "
+                  f"({ttft:.2f}x, {cpu:.2f}x)."]  # fmt: skip
     return "\n".join(lines) + "\n"

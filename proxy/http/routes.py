@@ -61,11 +61,14 @@ def add_routes(app: web.Application) -> None:
 
 
 async def read_json(request: web.Request) -> object:
-    try:
-        async with asyncio.timeout(BODY_READ_S):
-            body = await request.read()
-    except TimeoutError as exc:
-        raise RequestTimeoutError(f"the request body did not arrive within {BODY_READ_S:.0f} s") from exc
+    if request.content.is_eof():  # the whole body came with the headers (a keystroke's does): no wait, no timer
+        body = await request.read()
+    else:
+        try:
+            async with asyncio.timeout(BODY_READ_S):
+                body = await request.read()
+        except TimeoutError as exc:
+            raise RequestTimeoutError(f"the request body did not arrive within {BODY_READ_S:.0f} s") from exc
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
