@@ -48,6 +48,7 @@ def build_policies(section: PolicySection, slots: int | None = None, clock: Cloc
         ttft_timeout_s=section.ttft_timeout_s,
         timeout_s=section.timeout_s,
         complete_in_comments=section.complete_in_comments,
+        postprocess=section.postprocess,
         clock=clock,
         dispatch=dispatch,
         reuse=ReuseCache() if section.reuse else None,

@@ -26,6 +26,7 @@ from proxy.flight import CompletionSource, Flights
 from proxy.models import Answer, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
 from proxy.observe import Changes
 from proxy.policies import AdmissionQueue, Deadline, Debouncer, Dispatch, Lease, QueueFullError, Supersede, Ticket
+from proxy.policies.cleanup import Cleaner
 from proxy.policies.lines import LineGate
 from proxy.policies.reuse import Hit, ReuseCache, rest_end
 from proxy.telemetry import RequestRecord, Telemetry
@@ -45,6 +46,7 @@ class Policies:
     ttft_timeout_s: float | None = None  # None: no deadline
     timeout_s: float | None = None
     complete_in_comments: bool = True
+    postprocess: bool = False  # clean completions while they stream (`proxy.policies.cleanup`)
     clock: Clock = field(default=LOOP_CLOCK)
     dispatch: Dispatch | None = None  # None: the debouncer's fixed window
     reuse: ReuseCache | None = None
@@ -206,12 +208,19 @@ class CompletionService:
             end, why = rest_end(flight, len(hit.typed), max_tokens, stops)
             if end is not None and end - len(hit.typed) < len(rest):
                 rest, finish = rest[: end - len(hit.typed)], why
+            if self.policies.postprocess:  # the remainder is cleaned as a completion of its own
+                clean = Cleaner(request.prefix, request.suffix)
+                rest = clean.feed(rest) + clean.finish()
+                if clean.stopped is not None:
+                    finish = "stop"
+                    record.cleaned_by(clean.stopped)
             if not rest:
                 return None
             return await self._send_reused(completion, answer, record, rest, finish)
         # Still streaming: follow it (a newer keystroke supersedes this request as it would any other).
         flight.listeners += 1
         sent = 0
+        cleaner = Cleaner(request.prefix, request.suffix) if policies.postprocess else None
         try:
             with policies.supersede.admit(request.session) as ticket:
                 deadline = Deadline.start(self.clock, policies.ttft_timeout_s, policies.timeout_s)
@@ -231,6 +240,13 @@ class CompletionService:
                             text = text[:end]
                         new = text[len(hit.typed) + taken :] if len(text) > len(hit.typed) + taken else ""
                         taken += len(new)
+                        if cleaner is not None:
+                            new = cleaner.feed(new)
+                            if flight.done and not flight.cut and cleaner.stopped is None:
+                                new += cleaner.finish()
+                            if cleaner.stopped is not None:
+                                limited = "stop"
+                                record.cleaned_by(cleaner.stopped)
                         piece = gate.feed(new) if new else ""
                         if (flight.done and not flight.cut) or limited:
                             piece += gate.flush()
@@ -247,7 +263,7 @@ class CompletionService:
                 if ticket.scope.cancelled_caught:
                     return Outcome.CANCELLED if ticket.superseded else Outcome.TIMEOUT
         finally:
-            self.flights.leave(flight)
+            self.flights.leave(flight, drop=cleaner is not None and cleaner.stopped is not None)
         if not sent:
             return None
         completion.finish_reason = limited or ((source.finish_reason or "stop") if flight.finished else "length")
@@ -289,31 +305,36 @@ class CompletionService:
             self.policies.reuse.remember(request, flight)
         seen = 0
         gate = LineGate(flight.capped)  # a cut completion ends at a complete line
+        cleaner = Cleaner(request.prefix, request.suffix) if self.policies.postprocess else None
         try:
-            while True:
+            while cleaner is None or cleaner.stopped is None:
                 await flight.wait(seen)
                 for batch in flight.batches[seen:]:
                     seen += 1
-                    shown = gate.pass_batch(batch)
-                    for chunk in shown:
-                        completion.add(chunk)  # what this client was sent, and nothing more
                     if record.ttft_ms is None and any(chunk.has_text for chunk in batch):
                         self.telemetry.first_token(record)
                         if ticket is not None and deadline is not None:
                             ticket.scope.deadline = deadline.total  # the first-token deadline is met
+                    shown = gate.pass_batch(batch if cleaner is None else cleaner.pass_batch(batch))
+                    for chunk in shown:
+                        completion.add(chunk)  # what this client was sent, and nothing more
                     if shown:
                         await answer.send(completion, shown)
+                    if cleaner is not None and cleaner.stopped is not None:
+                        record.cleaned_by(cleaner.stopped)
+                        break
                 if flight.done and seen == len(flight.batches):
                     break
-            rest = gate.flush() if not flight.cut else ""
+            rest = gate.flush() if not flight.cut or completion.finish_reason == "stop" else ""
             if rest:
                 chunk = Chunk(rest)
                 completion.add(chunk)
                 await answer.send(completion, [chunk])
         finally:
             timed_out = ticket is not None and ticket.scope.cancel_called and not ticket.superseded
-            self.flights.leave(flight, timed_out=timed_out and record.ttft_ms is None)
+            ended_early = cleaner is not None and cleaner.stopped is not None and not flight.done
+            self.flights.leave(flight, timed_out=timed_out and record.ttft_ms is None, drop=ended_early)
             completion.served_by = flight.completion.served_by
-        if flight.error is not None:
+        if flight.error is not None and not ended_early:
             raise flight.error
         record.answered()

@@ -161,6 +161,9 @@ class Settings(BaseSettings):
         description="mellum|starcoder|codellama|deepseek|qwen|codestral|prefix|none|custom (default: checked).",
     )
     complete_in_comments: bool = Field(True, description="Complete when the cursor is in a comment/string.")
+    postprocess: bool = Field(
+        True, description="Clean completions while they stream (suffix repeats, repeated lines, FIM markers, ...)."
+    )
     stop_at_blank_line: bool = Field(
         False, description="End every completion at its first blank line, where a block ends (on with --embedded)."
     )

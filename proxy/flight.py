@@ -166,12 +166,16 @@ class Flights:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def leave(self, flight: Flight, timed_out: bool = False) -> None:
+    def leave(self, flight: Flight, timed_out: bool = False, drop: bool = False) -> None:
         """One relay of `flight` is done; the upstream request is dropped when no one follows it any more,
-        unless it is past its first-token deadline and may finish its prefill (see `keep_prefill`)."""
+        unless it is past its first-token deadline and may finish its prefill (see `keep_prefill`). `drop`:
+        the relay ended it (a post-processing rule): dropped at once, so the server stops decoding."""
         flight.listeners -= 1
         producer = flight.producer
         if flight.listeners > 0 or producer is None or producer.done():
+            return
+        if drop:
+            producer.cancel()
             return
         admission = self.admission
         if timed_out and self.keep_prefill and admission.depth == 0:

@@ -161,6 +161,11 @@ class Completion:
             self._pieces = pieces = [Chunk("".join([chunk.text for chunk in pieces]))]
         return pieces[0].text if pieces else ""
 
+    @property
+    def has_text(self) -> bool:
+        """Whether any text was added (without parsing events that arrived unparsed)."""
+        return any(chunk.has_text for chunk in self._pieces)
+
     def add(self, chunk: Chunk) -> None:
         """Fold one chunk into the aggregate."""
         self._pieces.append(chunk)

@@ -77,6 +77,7 @@ class PolicySection:
     ttft_timeout_s: float | None
     timeout_s: float | None
     complete_in_comments: bool
+    postprocess: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,7 @@ def sections(settings: Settings) -> Sections:
             ttft_timeout_s=_seconds_or_none(s.ttft_timeout_ms),
             timeout_s=_seconds_or_none(s.timeout_ms),
             complete_in_comments=s.complete_in_comments,
+            postprocess=s.postprocess,
         ),
         budget=BudgetSection(
             max_context_tokens=s.max_context_tokens,

@@ -29,3 +29,23 @@ async def collect_text(resp: aiohttp.ClientResponse) -> tuple[str, list[dict[str
             choice = event["choices"][0]
             text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
     return text, seen
+
+
+async def dialect_text(resp: aiohttp.ClientResponse, dialect: str, stream: bool) -> str:
+    """The completion's text from an answer in `dialect` (`openai`, `llamacpp`, `ollama`), checking its end."""
+    raw = await resp.read()
+    if dialect == "ollama":
+        lines = [orjson.loads(line) for line in raw.splitlines() if line.strip()]
+        assert lines[-1]["done"] is True
+        return "".join(line["response"] for line in lines)
+    if not stream:
+        body = orjson.loads(raw)
+        return body["choices"][0]["text"] if dialect == "openai" else body["content"]
+    events = [line[5:].strip() for line in raw.splitlines() if line.startswith(b"data:")]
+    payloads = [orjson.loads(e) for e in events if e != b"[DONE]"]
+    if dialect == "openai":
+        assert events[-1] == b"[DONE]"
+        assert sum(1 for p in payloads if p["choices"][0]["finish_reason"]) == 1  # one final event
+        return "".join(p["choices"][0]["text"] for p in payloads)
+    assert payloads[-1]["stop"] is True
+    return "".join(p["content"] for p in payloads)

@@ -86,6 +86,7 @@ def _means(runs: Sequence[LabResult], prof: str) -> list[LabResult]:
             wasted_completion_tokens=sum(r.wasted_completion_tokens for r in group),
             prompt_tokens_computed=sum(r.prompt_tokens_computed for r in group),
             predicted_chars=sum(r.predicted_chars or 0 for r in group), reused=sum(r.reused for r in group),
+            kept_per_shown=mean("kept_per_shown"),
             timeouts=sum(r.timeouts for r in group), errors=sum(r.errors for r in group),
             peak_held=max(r.peak_held for r in group), settings=first.settings,
         ))  # fmt: skip
@@ -103,7 +104,8 @@ COLUMNS = [
     ("pause_coverage", "pause coverage", "{:.1%}"), ("latency_p50_ms", "p50 ms", "{:.0f}"),
     ("latency_p95_ms", "p95 ms", "{:.0f}"), ("upstream_requests", "upstream requests", "{}"),
     ("requests_per_edit", "upstream / edit", "{:.2f}"), ("wasted_completion_tokens", "wasted tokens", "{}"),
-    ("predicted_chars", "predicted chars", "{}"), ("reused", "reused", "{}"), ("timeouts", "timeouts", "{}"),
+    ("predicted_chars", "predicted chars", "{}"), ("kept_per_shown", "kept / shown", "{:.1f}"),
+    ("reused", "reused", "{}"), ("timeouts", "timeouts", "{}"),
     ("peak_held", "server peak held", "{}"),
 ]  # fmt: skip
 

@@ -20,7 +20,8 @@ class Seen:
     pause_coverage: float | None
     latency_p50_ms: float | None
     latency_p95_ms: float | None
-    predicted_chars: int | None = None  # of what the person typed next, how much the shown suggestions had
+    predicted_chars: int | None = None  # at each pause, how much of what the person typed next was shown
+    kept_per_shown: float | None = None  # characters typed on through, per shown suggestion (inferred acceptance)
     latencies_ms: list[float] = field(default_factory=list, repr=False)
 
     @staticmethod
@@ -28,7 +29,8 @@ class Seen:
         """The fields above (but the policy) from an accounting."""
         return {"edits": acct.edits, "pauses": acct.pauses, "pause_coverage": acct.pause_coverage,
                 "latency_p50_ms": acct.latency(50), "latency_p95_ms": acct.latency(95),
-                "predicted_chars": acct.predicted_chars, "latencies_ms": acct.latencies_ms}  # fmt: skip
+                "predicted_chars": acct.predicted_chars, "latencies_ms": acct.latencies_ms,
+                "kept_per_shown": acct.kept_chars / acct.shown if acct.shown else None}  # fmt: skip
 
     def summary(self) -> dict[str, Any]:
         """Every field but the long series."""

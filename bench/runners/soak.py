@@ -34,6 +34,7 @@ from bench.reports.writing import command, write_report
 from bench.runners.processes import free_port, process_state, wait_healthy
 from proxy.console import INDEX, POSITIVE, fail
 from proxy.http import serve_app
+from proxy.telemetry.stats import read_log
 
 
 def add_commands(commands: Any) -> None:
@@ -190,7 +191,7 @@ async def measure(requests: int, clients: int, seed: int, progress: Callable[[st
 
 
 def _read_and_remove(folder: Path, log: Path) -> list[dict[str, Any]]:
-    lines = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    lines = read_log(log)[0]  # the request lines (each suggestion's `acceptance` line is apart)
     shutil.rmtree(folder)
     return lines
 

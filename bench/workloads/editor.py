@@ -57,7 +57,8 @@ class Accounting:
     latencies_ms: list[float] = field(default_factory=list)
     shown_completion_tokens: int = 0
     shown_edits: set[int] = field(default_factory=set)
-    predicted_chars: int = 0  # of what the person typed next, how much the shown suggestions had
+    predicted_chars: int = 0  # at each pause, how much of what the person typed next its suggestion had
+    kept_chars: int = 0  # over every shown suggestion, what the person typed on through (inferred acceptance)
 
     @property
     def pause_coverage(self) -> float | None:
@@ -72,8 +73,11 @@ def account(
 ) -> Accounting:
     """Shown completions, pauses, coverage and pause-to-suggestion latency (a pure function).
 
-    `truth`: what the person typed next after each edit; with it, `predicted_chars` counts the
-    characters of it that each shown suggestion began with.
+    `truth`: what the person typed next after each edit. With it, `predicted_chars` counts, at each pause, the
+    characters of it that the suggestion shown there began with: what the person could have accepted when they
+    stopped to look, each pause once (the suggestions shown while they typed on predict the same characters
+    again, and are not counted twice); and `kept_chars` the same for every shown suggestion, which is what the
+    proxy's inferred acceptance sees of a person who types a suggestion out instead of accepting it.
     """
     next_same_file: dict[int, float] = {}
     last_seen: dict[str, int] = {}
@@ -90,8 +94,8 @@ def account(
     acct = Accounting(edits=len(marks), requests=len(results), shown=len(shown), pauses=0, covered=0)
     acct.shown_completion_tokens = sum(r.completion_tokens for r in shown.values())
     acct.shown_edits = set(shown)
-    if truth is not None:
-        acct.predicted_chars = sum(common_prefix(r.text, truth.get(edit, "")) for edit, r in shown.items())
+    kept = {edit: common_prefix(r.text, truth.get(edit, "")) for edit, r in shown.items()} if truth else {}
+    acct.kept_chars = sum(kept.values())
     time_of = {m.index: m.t_ms for m in marks}
     for position, mark in enumerate(marks):
         following = marks[position + 1].t_ms if position + 1 < len(marks) else math.inf
@@ -100,6 +104,7 @@ def account(
         acct.pauses += 1
         if mark.index in shown and mark.index in by_edit:
             acct.covered += 1
+            acct.predicted_chars += kept.get(mark.index, 0)
             done = shown[mark.index].done_ms
             assert done is not None
             acct.latencies_ms.append(done - time_of[mark.index])

@@ -89,6 +89,7 @@ async def telemetry(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        app[TELEMETRY].settle()  # the last suggestions, judged by what was seen, before the log closes
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
         gpu.close()

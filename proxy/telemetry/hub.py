@@ -6,11 +6,12 @@ It observes and never steers: no sink can change or fail a request.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.clock import LOOP_CLOCK, Clock
 from proxy.errors import ProxyError
 from proxy.models import Completion, NormalizedRequest, Outcome
+from proxy.telemetry.acceptance import AcceptanceTracker, Judged
 from proxy.telemetry.deadline_watch import DeadlineWatch
 from proxy.telemetry.gpu import GpuSampler
 from proxy.telemetry.jsonl import JsonlLog
@@ -33,6 +34,7 @@ class Telemetry:
     recorder: JsonlLog | None = None
     clock: Clock = LOOP_CLOCK
     deadline_watch: DeadlineWatch | None = None
+    acceptance: AcceptanceTracker = field(default_factory=AcceptanceTracker)
 
     def sinks(self) -> list[JsonlLog]:
         """The files requests are written to (`--log`, `--record`)."""
@@ -46,6 +48,8 @@ class Telemetry:
         if self.gpu is not None:
             window = self.gpu.start_window(id(record))
             record.gpu_window(self.gpu.source, window.start_mib)
+        if (judged := self.acceptance.arrived(request)) is not None:
+            self._judged(judged)
         return record
 
     def first_token(self, record: RequestRecord) -> None:
@@ -61,10 +65,27 @@ class Telemetry:
             self.metrics.observe(record)
         if self.log is not None:
             self.log.put(record.as_dict())
+        shown = completion if record.outcome is Outcome.OK else None
+        if judged := self.acceptance.shown(record.id, record.session, shown, record.outcome is Outcome.REUSED):
+            self._judged(judged)
         if self.deadline_watch is not None:
             warning = self.deadline_watch.observe(record, self.clock.now())
             if warning is not None:
                 log.warning("%s", warning)
+
+    def settle(self) -> None:
+        """Judge every suggestion still open, by what was seen (at shutdown, before the log closes)."""
+        for judged in self.acceptance.settle_all():
+            self._judged(judged)
+
+    def _judged(self, judged: Judged) -> None:
+        """A suggestion is settled: its own log line (the request's was written when it ended), the counters."""
+        if self.metrics is not None:
+            self.metrics.accepted(judged.accepted_chars)
+        if self.log is not None:
+            self.log.put({"event": "acceptance", "id": judged.request_id, "session": judged.session,
+                          "accepted_chars": judged.accepted_chars,
+                          "received_at": self.clock.unix()})  # fmt: skip
 
     def reject(self, request: NormalizedRequest, error: ProxyError) -> None:
         """Record a request that failed before the completion service had it (`bad_request`, or

@@ -55,6 +55,19 @@ class ProxyMetrics:
         self.requests = Counter(
             "mellum_proxy_requests", "Client completion requests by outcome.", ["outcome"], registry=r
         )
+        self.suggestions = Counter(
+            "mellum_proxy_suggestions_judged",
+            "Shown suggestions whose fate the session's next requests settled.",
+            registry=r,
+        )
+        self.suggestions_accepted = Counter(
+            "mellum_proxy_suggestions_accepted",
+            "Judged suggestions of which the person kept a character or more.",
+            registry=r,
+        )
+        self.accepted_chars = Counter(
+            "mellum_proxy_accepted_chars", "Characters of the shown suggestions the person kept.", registry=r
+        )
         # every outcome is visible from the start, at 0; the children are looked up once
         self._by_outcome = {outcome: self.requests.labels(outcome.value) for outcome in Outcome}
         Gauge("mellum_proxy_inflight_requests", "Requests upstream now.", registry=r).set_function(inflight)
@@ -77,6 +90,13 @@ class ProxyMetrics:
             self.duration.observe(record.total_ms / 1000)
         if record.queue_ms is not None:
             self.queue_wait.observe(record.queue_ms / 1000)
+
+    def accepted(self, accepted_chars: int) -> None:
+        """One judged suggestion (`proxy.telemetry.acceptance`)."""
+        self.suggestions.inc()
+        if accepted_chars:
+            self.suggestions_accepted.inc()
+            self.accepted_chars.inc(accepted_chars)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -53,6 +53,7 @@ class RequestRecord:
     truncated: bool | None = None
     tokenizer: str | None = None
     reached_upstream: bool = False  # a request was opened to the model server
+    cleaned: str | None = None  # the post-processing rule that ended or trimmed the completion
     vram_used_mib_start: float | None = None
     vram_used_mib_end: float | None = None
     vram_peak_mib: float | None = None
@@ -102,6 +103,10 @@ class RequestRecord:
     def mark_first_token(self, now: float) -> None:
         if self.ttft_ms is None:
             self.ttft_ms = (now - self.started) * 1000.0
+
+    def cleaned_by(self, rule: str) -> None:
+        """A post-processing rule ended (or trimmed) the completion."""
+        self.cleaned = rule
 
     def answered(self) -> None:
         """The model server's answer ended well."""

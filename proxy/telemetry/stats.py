@@ -18,8 +18,10 @@ QUANTILES = (50, 90, 99)
 
 
 def read_log(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The records of a JSONL log and how many lines were not records."""
+    """The records of a JSONL log and how many lines were not records. A suggestion's `acceptance` line (written
+    once the session's later requests settled it) gives its record `accepted_chars`."""
     records: list[dict[str, Any]] = []
+    judged: dict[str, dict[str, Any]] = {}
     malformed = 0
     with path.open("rb") as lines:
         for line in lines:
@@ -32,8 +34,13 @@ def read_log(path: Path) -> tuple[list[dict[str, Any]], int]:
                 continue
             if isinstance(record, dict) and "outcome" in record:
                 records.append(record)
+            elif isinstance(record, dict) and record.get("event") == "acceptance" and isinstance(record.get("id"), str):
+                judged[record["id"]] = record
             else:
                 malformed += 1
+    for record in records:
+        if (acceptance := judged.get(str(record.get("id")))) is not None:
+            record["accepted_chars"] = acceptance.get("accepted_chars")
     return records, malformed
 
 
@@ -60,6 +67,10 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     reached = sum(1 for r in rows if r.get("reached_upstream"))
     summary["upstream_requests"] = reached
     summary["upstream_per_request"] = reached / len(rows) if rows else None
+    kept = [r["accepted_chars"] for r in rows if isinstance(r.get("accepted_chars"), int)]
+    summary["suggestions_judged"] = len(kept)
+    summary["acceptance_rate"] = sum(1 for n in kept if n > 0) / len(kept) if kept else None
+    summary["accepted_chars_per_suggestion"] = sum(kept) / len(kept) if kept else None
     return summary
 
 
@@ -86,14 +97,16 @@ def render_table(result: dict[str, Any]) -> str:
     """A terminal table: one row per group (or one for all)."""
     groups = result.get("groups") or {"all": result["all"]}
     head = ["group", "requests", "outcomes", *(f"{f} p{q}" for f in LATENCIES for q in QUANTILES),
-            "truncated", "vram peak MiB", "upstream/request"]  # fmt: skip
+            "truncated", "vram peak MiB", "upstream/request", "accepted", "kept chars"]  # fmt: skip
     rows = [head]
     for name, s in groups.items():
         outcomes = " ".join(f"{k}={v}" for k, v in sorted(s["outcomes"].items()))
         share = s["truncated_share"]
         rows.append([name, str(s["requests"]), outcomes, *(_fmt(s[f][f"p{q}"]) for f in LATENCIES for q in QUANTILES),
                      "-" if share is None else f"{share:.0%}", _fmt(s["vram_peak_mib"], 0),
-                     _fmt(s["upstream_per_request"], 2)])  # fmt: skip
+                     _fmt(s["upstream_per_request"], 2),
+                     "-" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.0%}/{s['suggestions_judged']}",
+                     _fmt(s["accepted_chars_per_suggestion"])])  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))

@@ -134,3 +134,19 @@ def test_the_budget_bench_counts_a_reused_answer_as_no_prompt() -> None:
     assert over_budget({"choices": [{"text": "rest"}]}) is False
     assert over_budget({"usage": {"prompt_tokens": CONTEXT - MAX_TOKENS}}) is False
     assert over_budget({"usage": {"prompt_tokens": CONTEXT - MAX_TOKENS + 1}}) is True
+
+
+async def test_the_quality_command_writes_its_run(fake_upstream: Any, tmp_path: Path) -> None:
+    import asyncio
+
+    import orjson
+
+    from proxy.cli import main
+
+    _, url = await fake_upstream(pieces=["return", " x\n", "    return x\n"])
+    out = tmp_path / "q"
+    args = ["bench", "quality", "--upstream", url, "--limit", "3", "--multiline", "--out", str(out)]
+    await asyncio.to_thread(main, args)
+    run = orjson.loads((out / "quality.json").read_bytes())
+    assert run["summary"]["tasks"] == 3 and run["multiline"] is True
+    assert [task["generated"] for task in run["tasks"]] == ["return x\n    return x\n"] * 3

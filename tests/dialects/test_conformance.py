@@ -55,7 +55,8 @@ async def test_a_completion_cut_by_the_deadline_ends_at_a_complete_line(
 ) -> None:
     """The model is in the middle of its fourth line (`if `) when the deadline comes."""
     _fake, url = await fake_upstream(pieces=LINES, stall_after=6)
-    proxy = await make_proxy(upstream=url, timeout_ms=400, tokenizer="chars", reuse=False)
+    # postprocess off: its scope rule would end this completion at `return`, before the deadline does
+    proxy = await make_proxy(upstream=url, timeout_ms=400, tokenizer="chars", reuse=False, postprocess=False)
     status, raw, outcome = await ask(proxy, plugin)
     assert status == 200 and outcome in ("timeout", "")  # a stream's outcome comes in its last event
     assert plugin.read(status, raw) == "    total = sum(u.age for u in users)\n    return total"
@@ -79,7 +80,8 @@ async def test_a_typed_through_completion_is_reused_in_the_plugins_shape(
     plugin: Plugin, make_proxy: ProxyFactory, fake_upstream: Any
 ) -> None:
     fake, url = await fake_upstream(pieces=[" sum(u.age", " for u in users)", "\n", "    return total"])
-    proxy = await make_proxy(upstream=url, timeout_ms=0, tokenizer="chars")
+    # postprocess off: its scope rule would end the completion with the statement (tests/functional/test_cleanup.py)
+    proxy = await make_proxy(upstream=url, timeout_ms=0, tokenizer="chars", postprocess=False)
     status, raw, _ = await ask(proxy, plugin)
     assert plugin.read(status, raw) == " sum(u.age for u in users)\n    return total"
     status, raw, _ = await ask(proxy, plugin, typed_through(plugin, " sum(u.a"))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 import pytest
 from aiohttp import web
 
 from bench.doubles.fake_upstream import FakeUpstream
 from proxy.http import RECORDS, TELEMETRY, UPSTREAMS
+from proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
 
 BODY = {"prompt": "def f(", "suffix": ")"}
@@ -94,7 +94,7 @@ async def test_a_failing_upstream_hands_over_to_the_next_and_is_not_asked_again_
     assert f'mellum_proxy_upstream_up{{upstream="{router_url}"}} 1.0' in metrics
     sink = proxy.app[TELEMETRY].log
     await sink.flushed()
-    lines = [orjson.loads(line) for line in sink.path.read_bytes().splitlines()]
+    lines = read_log(sink.path)[0]
     assert [line["upstream"] for line in lines] == [router_url] + [local_url] * 4 + [router_url]
 
 

@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient
 
 from bench.doubles.fault_upstream import FAULTS, FaultUpstream
 from proxy.http import RECORDS, TELEMETRY
+from proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
 from tests.shapes import SHAPES
 
@@ -119,7 +120,7 @@ async def served_next(proxy: TestClient[Any, Any], fake: FaultUpstream) -> bool:
 async def logged(proxy: TestClient[Any, Any]) -> list[dict[str, Any]]:
     sink = proxy.app[TELEMETRY].log
     await sink.flushed()
-    return [orjson.loads(line) for line in sink.path.read_bytes().splitlines()]
+    return read_log(sink.path)[0]
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))

@@ -19,6 +19,7 @@ from bench.doubles.fake_upstream import FakeUpstream
 from proxy.config import Settings
 from proxy.http import RECORDS, TELEMETRY
 from proxy.http.server import serve, serve_app
+from proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
 from tests.shapes import SHAPES, ollama_shape, openai_shape
 
@@ -48,7 +49,7 @@ async def test_header_bytes_that_are_not_utf8_are_served_logged_and_shown(
     assert status == 200 and orjson.loads(answer)["choices"][0]["text"]
     sink = proxy.app[TELEMETRY].log
     await sink.flushed()
-    line = orjson.loads(sink.path.read_bytes().splitlines()[-1])
+    line = read_log(sink.path)[0][-1]
     assert line["session"] == "ed\ufffd\ufffditor" and line["outcome"] == "ok"
     for _ in range(3):
         assert (await proxy.get("/status")).status == 200  # the record with that session is shown too
@@ -179,7 +180,7 @@ async def test_requests_on_the_wire_at_sigterm_are_answered_and_logged(unused_tc
             with contextlib.suppress(Exception):
                 await server
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
-    assert [orjson.loads(line)["outcome"] for line in log.read_bytes().splitlines()] == ["ok"]
+    assert [line["outcome"] for line in read_log(log)[0]] == ["ok"]
 
 
 async def test_a_defect_after_the_first_event_ends_the_stream_and_is_recorded(

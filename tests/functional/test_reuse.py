@@ -8,7 +8,9 @@ import orjson
 import pytest
 
 from proxy.http import RECORDS
+from proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
+from tests.sse import dialect_text
 
 
 def records(proxy: Any) -> list[Any]:
@@ -31,28 +33,9 @@ async def test_typing_through_is_answered_without_the_upstream(make_proxy: Proxy
     metrics = await (await proxy.get("/metrics")).text()
     assert 'mellum_proxy_requests_total{outcome="reused"} 1.0' in metrics
     await proxy.close()  # shutdown flushes the log
-    lines = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    lines = read_log(log)[0]
     assert [line["outcome"] for line in lines] == ["ok", "reused"]
     assert lines[1]["reached_upstream"] is False
-
-
-async def _text(resp: Any, dialect: str, stream: bool) -> str:
-    raw = await resp.read()
-    if dialect == "ollama":
-        lines = [orjson.loads(line) for line in raw.splitlines() if line.strip()]
-        assert lines[-1]["done"] is True
-        return "".join(line["response"] for line in lines)
-    if not stream:
-        body = orjson.loads(raw)
-        return body["choices"][0]["text"] if dialect == "openai" else body["content"]
-    events = [line[5:].strip() for line in raw.splitlines() if line.startswith(b"data:")]
-    payloads = [orjson.loads(e) for e in events if e != b"[DONE]"]
-    if dialect == "openai":
-        assert events[-1] == b"[DONE]"
-        assert sum(1 for p in payloads if p["choices"][0]["finish_reason"]) == 1  # one final event
-        return "".join(p["choices"][0]["text"] for p in payloads)
-    assert payloads[-1]["stop"] is True
-    return "".join(p["content"] for p in payloads)
 
 
 BODIES = {
@@ -73,9 +56,9 @@ async def test_reuse_in_every_dialect(make_proxy: ProxyFactory, fake_upstream: A
     proxy = await make_proxy(upstream=url, tokenizer="chars")
     path, body = BODIES[dialect]
     first = await proxy.post(path, json=body("x = ", stream))
-    assert await _text(first, dialect, stream) == "t0 t1 t2 t3 "
+    assert await dialect_text(first, dialect, stream) == "t0 t1 t2 t3 "
     second = await proxy.post(path, json=body("x = t0 t", stream))
-    assert await _text(second, dialect, stream) == "1 t2 t3 "
+    assert await dialect_text(second, dialect, stream) == "1 t2 t3 "
     assert len(fake.payloads) == 1
     assert [r.outcome for r in records(proxy)] == ["ok", "reused"]
 

@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.http import RECORDS, TELEMETRY
+from proxy.http import POLICIES, RECORDS, TELEMETRY
+from proxy.telemetry.stats import read_log
 from proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeGpu
@@ -45,6 +46,8 @@ async def test_log_metrics_and_status_after_real_requests(
     plain = await proxy.post("/v1/completions", json={"prompt": SECRET, "max_tokens": 8, "temperature": 0})
     await plain.json()
     await proxy.app[RECORDS].changes.wait_for(lambda: len(proxy.app[RECORDS]) == 2)
+    admission = proxy.app[POLICIES].admission  # a completion a rule ended holds its slot until the server
+    await admission.changes.wait_for(lambda: admission.running == 0)  # has let go of it
 
     status = await (await proxy.get("/status")).json()
     assert [r["outcome"] for r in status["recent"]] == ["ok", "ok"]
@@ -62,7 +65,7 @@ async def test_log_metrics_and_status_after_real_requests(
     await proxy.close()  # shutdown flushes the log
     raw = log.read_bytes()
     assert b"secret_function_name" not in raw  # no source text without --log-content
-    first, second = (orjson.loads(line) for line in raw.splitlines())
+    first, second = read_log(log)[0]  # the request lines (a suggestion's `acceptance` line is apart)
     assert first["session"] == "ed-1" and first["dialect"] == "openai" and first["outcome"] == "ok"
     assert 0 < first["ttft_ms"] < first["total_ms"]
     assert first["prompt_tokens"] > 0 and first["completion_tokens"] == 16
@@ -82,7 +85,7 @@ async def test_log_content_only_when_asked(
     )
     await (await proxy.post("/v1/completions", json={"prompt": SECRET, "max_tokens": 4})).json()
     await proxy.close()
-    record = orjson.loads(log.read_bytes())
+    (record,) = read_log(log)[0]
     assert record["prompt"] == SECRET and record["completion"]
     assert record["vram_source"] == "none" and record["vram_peak_mib"] is None  # no GPU: null, not a failure
 
