@@ -1,11 +1,13 @@
 """`mellum-proxy bench overhead`: what the proxy adds to each request, against a bare relay.
 
-Four paths to one fast fake upstream, request by request in turn (the order rotating) so that machine
+Six paths to one fast fake upstream, request by request in turn (in a shuffled order each time, seeded) so that machine
 noise hits all alike:
 `direct` (client -> upstream), `bare` (client -> `bench.doubles.relays.bare_relay` -> upstream),
 `parsing` (client -> `parsing_relay`, which parses the request and the events and nothing else -> upstream) and
-`proxy` (client -> mellum-proxy with its policies off: debounce 0, no deadline, the `chars` tokenizer
--> upstream).
+`proxy` (client -> mellum-proxy with its policies off: debounce 0, no deadline, no reuse, no
+post-processing, the `chars` tokenizer -> upstream); and two more such proxies, so that what each costs a
+request shows against `proxy`: `cleaning`, with post-processing on (the default), and `page`, with its live
+page open (a reader of `/ui/events` in a process of its own, as a browser would be).
 Each round sends `requests` sequential streaming fill-in-the-middle completions (a prompt and a suffix, as
 the plugins send them) per path. Added latency is a path's
 percentile less direct's in the same round; CPU per request is the process's CPU time spent on the path's
@@ -16,20 +18,26 @@ machine's.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import random
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from bench.doubles.fake_upstream import FakeUpstream
 from bench.doubles.relays import bare_relay, parsing_relay
 from bench.reports.writing import command, measured
 from proxy.config import Settings
 from proxy.console import POSITIVE
-from proxy.http import build_app, serve_app
+from proxy.http import RECORDS, build_app, serve_app
+from proxy.http.page import PAGES
 from proxy.telemetry.stats import percentile
 
 
@@ -42,11 +50,12 @@ def add_commands(commands: Any) -> None:
     overhead.add_argument("--tokens", type=POSITIVE, default=16, help="streamed tokens per request [default: 16]")
 
 
-PATHS = ("direct", "bare", "parsing", "proxy")
+PATHS = ("direct", "bare", "parsing", "proxy", "cleaning", "page")
 RELAYS = PATHS[1:]
 TTFT_TARGET, CPU_TARGET = 1.3, 1.5  # the proxy against the relay that only parses
-PROXY_SETTINGS: dict[str, Any] = {  # no hold, no deadline, and no reuse: every request goes upstream
+PROXY_SETTINGS: dict[str, Any] = {  # no hold, no deadline, no reuse (every request goes upstream), no cleaning
     "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64, "reuse": False,
+    "postprocess": False,
 }  # fmt: skip
 
 
@@ -71,11 +80,14 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -
 async def _round(
     session: aiohttp.ClientSession, urls: dict[str, str], requests: int, body: dict[str, Any]
 ) -> dict[str, PathRound]:
-    """`requests` completions per path, one path after the other in turn, the first of each turn rotating."""
+    """`requests` completions per path, one path after the other in turn, in a new order each turn: a path
+    that always followed the same one would find its code warm or cold in the caches by where it stands."""
     measured = {name: PathRound() for name in urls}
     names = list(urls)
-    for number in range(requests):
-        for name in names[number % len(names) :] + names[: number % len(names)]:
+    order = random.Random(requests)  # seeded: two runs take the same turns
+    for _ in range(requests):
+        order.shuffle(names)
+        for name in names:
             result = measured[name]
             cpu = time.process_time()
             ttft, total = await _one(session, urls[name], body)
@@ -100,8 +112,12 @@ async def measure(
         async with (
             serve_app(parsing_relay(upstream)) as parsing,
             serve_app(build_app(Settings(upstream=upstream, **PROXY_SETTINGS))) as proxy,
+            serve_app(build_app(Settings(upstream=upstream, **{**PROXY_SETTINGS, "postprocess": True}))) as cleaning,
+            serve_app(page_app := build_app(Settings(upstream=upstream, **PROXY_SETTINGS))) as page,
+            _page_open(page_app, page),
         ):
-            urls = {"direct": upstream, "bare": bare, "parsing": parsing, "proxy": proxy}
+            urls = {"direct": upstream, "bare": bare, "parsing": parsing, "proxy": proxy, "cleaning": cleaning,
+                    "page": page}  # fmt: skip
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
                 await _round(session, urls, 20, body)  # warm up connections and code paths
                 rows = []
@@ -110,6 +126,23 @@ async def measure(
                     if progress is not None:
                         progress(_line(rows[-1]))
     return {"requests": requests, "rounds": rounds, "tokens": tokens, "rows": rows, "summary": _summary(rows)}
+
+
+# A browser's part of an open page, in a process of its own: it reads the event stream and drops it.
+_READER = "import sys, urllib.request; r = urllib.request.urlopen(sys.argv[1])\nwhile r.read(65536): pass"
+
+
+@contextlib.asynccontextmanager
+async def _page_open(app: web.Application, url: str) -> AsyncIterator[None]:
+    """The proxy `app` (at `url`) with its live page open for the body of the `async with`."""
+    reader = await asyncio.create_subprocess_exec(sys.executable, "-c", _READER, url + "/ui/events")
+    try:
+        await app[RECORDS].changes.wait_for(lambda: app[PAGES]["open"] == 1, timeout_s=30)
+        yield
+        assert app[PAGES]["open"] == 1, "the page's reader left during the run"
+    finally:
+        reader.kill()
+        await reader.wait()
 
 
 def _added(path: PathRound, direct: PathRound, values: str, q: float) -> float:
@@ -141,6 +174,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary = {f"proxy_over_bare_{key}": _ratio(rows, key) for key in keys}
     summary |= {f"parsing_over_bare_{key}": _ratio(rows, key, path="parsing") for key in keys}
     summary |= {f"proxy_over_parsing_{key}": _ratio(rows, key, over="parsing") for key in keys}
+    summary |= {f"cleaning_over_proxy_{key}": _ratio(rows, key, over="proxy", path="cleaning") for key in keys}
+    summary |= {f"page_over_proxy_{key}": _ratio(rows, key, over="proxy", path="page") for key in keys}
     return summary
 
 
@@ -171,12 +206,12 @@ def render(result: dict[str, Any], command: str) -> str:
                 f"| {row['round']} | {name} | {cell['added_ttft_p50_ms']:.2f} | {cell['added_ttft_p95_ms']:.2f} | "
                 f"{cell['added_total_p50_ms']:.2f} | {cell['cpu_ms_per_request']:.2f} |"
             )
-    lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare | proxy / parsing |", "|---|---|---|---|"]
+    lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare | proxy / parsing | cleaning / proxy "
+              "| page open / proxy |", "|---|---|---|---|---|---|"]  # fmt: skip
     summary = result["summary"]
+    ratios = ("proxy_over_bare", "parsing_over_bare", "proxy_over_parsing", "cleaning_over_proxy", "page_over_proxy")
     for key in ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"):
-        cells = [
-            summary.get(f"{ratio}_{key}") for ratio in ("proxy_over_bare", "parsing_over_bare", "proxy_over_parsing")
-        ]
+        cells = [summary.get(f"{ratio}_{key}") for ratio in ratios]
         lines.append(f"| {key} | " + " | ".join("-" if v is None else f"{v:.2f}x" for v in cells) + " |")
     ttft, cpu = (summary.get(f"proxy_over_parsing_{key}") for key in ("added_ttft_p50_ms", "cpu_ms_per_request"))
     if ttft is not None and cpu is not None:

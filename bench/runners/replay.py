@@ -125,6 +125,25 @@ async def read_metrics(session: aiohttp.ClientSession, url: str) -> dict[str, fl
         return {}
 
 
+async def count_unmetered(session: aiohttp.ClientSession, url: str, results: list[Any]) -> None:
+    """The tokens of each answer that came without `usage` (a completion the proxy ended early: post-processing,
+    a deadline cut), counted with the server's own `/tokenize`, so that its shown tokens are not taken for
+    waste. Left at 0 where the server cannot count."""
+    for result in results:
+        if result.status != 200 or not result.text or result.completion_tokens:
+            continue
+        try:
+            body = {"content": result.text, "add_special": False}
+            async with session.post(url + "/tokenize", json=body, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status != 200:
+                    return
+                tokens = (await resp.json()).get("tokens")
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return
+        if isinstance(tokens, list):
+            result.completion_tokens = len(tokens)
+
+
 async def run_policy(
     policy: Policy,
     events: list[Event],
@@ -148,6 +167,7 @@ async def run_policy(
         sampler = asyncio.create_task(_sample(session, upstream, clock, samples))
         marks = await play(events, max_gap_ms, plugin, clock, progress)
         await plugin.drain()
+        await count_unmetered(session, upstream, plugin.results)
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
         after = await read_metrics(session, upstream)

@@ -16,6 +16,7 @@ from proxy.http.connections import ConnectionGuard
 from proxy.http.guard import browser_guard, token_middleware
 from proxy.http.keys import BOOTED, CONNECTIONS, RECORDS, SECTIONS, SETTINGS
 from proxy.http.middleware import error_middleware, request_id
+from proxy.http.page import add_page_routes
 from proxy.http.routes import add_routes
 from proxy.sections import sections
 from proxy.telemetry import RecentRecords
@@ -39,6 +40,7 @@ def build_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(lifecycle.upstream_client)
     app.on_response_prepare.append(_add_request_id)
     add_routes(app)
+    add_page_routes(app)
     return app
 
 

@@ -15,6 +15,7 @@ is accepted: the page cannot send the token).
 
 from __future__ import annotations
 
+import base64
 import hmac
 import ipaddress
 
@@ -26,17 +27,37 @@ from proxy.sections import ListenSection
 
 
 def token_middleware(token: str) -> Middleware:
-    """Every request must carry `Authorization: Bearer TOKEN` (only installed when a token is set)."""
-    expected = f"Bearer {token}".encode()
+    """Every request must carry `Authorization: Bearer TOKEN` (only installed when a token is set); the live
+    page (`/`, `/ui/...`) takes it as a browser sends it too, as HTTP Basic's password (any user name): the
+    browser asks for it once and sends it with the page's own requests."""
+    bearer = f"Bearer {token}".encode()
+    password = token.encode()
 
     @web.middleware
     async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        if not hmac.compare_digest(given, expected):
-            raise UnauthorizedError("this proxy requires 'Authorization: Bearer <its --auth-token>'")
-        return await handler(request)
+        if hmac.compare_digest(given, bearer) or hmac.compare_digest(_basic_password(given), password):
+            return await handler(request)
+        if request.path == "/" or request.path.startswith("/ui/"):
+            body = b'{"error":{"message":"this page requires the proxy\'s --auth-token as its password"}}'
+            ask = {"WWW-Authenticate": 'Basic realm="mellum-proxy", charset="UTF-8"'}
+            return web.Response(status=401, body=body, content_type="application/json", headers=ask)
+        raise UnauthorizedError("this proxy requires 'Authorization: Bearer <its --auth-token>'")
 
     return require_token
+
+
+def _basic_password(header: bytes) -> bytes:
+    """The password of an HTTP Basic `Authorization` header, or b"" when it is not one."""
+    scheme, _, encoded = header.partition(b" ")
+    if scheme.lower() != b"basic":
+        return b""
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True)
+    except ValueError:
+        return b""
+    _, sep, secret = decoded.partition(b":")
+    return secret if sep else b""
 
 
 _PAGE_BODIES = ("text/plain", "multipart/form-data")  # CORS-safelisted: sent cross-origin without a preflight

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 
 import orjson
@@ -168,15 +169,20 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def status(request: web.Request) -> web.Response:
     """The live state: settings in force, upstream, per-session admissions, recent requests, VRAM."""
-    app = request.app
-    check_host(request, app[SECTIONS].listen)
+    check_host(request, request.app[SECTIONS].listen)
+    return web.json_response(status_body(request.app), dumps=_dumps)
+
+
+def status_body(app: web.Application) -> dict[str, Any]:
+    """`/status`'s answer (the live page's state events carry it too)."""
     policies, gpu = app[POLICIES], app[TELEMETRY].gpu
     records = app[RECORDS]
     recent = list(records)[-20:]
-    body = {
+    return {
         "version": __version__,
         "settings": app[SETTINGS].shown(),
         "upstream": {"url": app[UPSTREAMS].shown_url, "max_concurrency": policies.admission.limit},
+        "discovered": asdict(app[PROBES].view),  # what the primary upstream said it is
         "upstreams": app[UPSTREAMS].status(),
         "inflight": policies.admission.running,
         "tasks": len(asyncio.all_tasks()),  # for leak checks (`bench soak`)
@@ -201,7 +207,6 @@ async def status(request: web.Request) -> web.Response:
             for sink in app[TELEMETRY].sinks()
         ],
     }
-    return web.json_response(body, dumps=_dumps)
 
 
 def connections_status(app: web.Application) -> dict[str, int] | None:

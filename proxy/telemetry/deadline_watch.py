@@ -40,6 +40,10 @@ class DeadlineWatch:
         self.said_at = now
         return self.message()
 
+    def current(self) -> str | None:
+        """The warning while the streak lasts (the live page shows it until a first token comes in time)."""
+        return self.message() if self.streak >= self.in_a_row else None
+
     def message(self) -> str:
         queued = self.queued_ms / max(1, self.streak)
         server = (

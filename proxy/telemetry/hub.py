@@ -79,7 +79,9 @@ class Telemetry:
             self._judged(judged)
 
     def _judged(self, judged: Judged) -> None:
-        """A suggestion is settled: its own log line (the request's was written when it ended), the counters."""
+        """A suggestion is settled: its own log line (the request's was written when it ended), the counters,
+        the live page."""
+        self.records.judge(judged)
         if self.metrics is not None:
             self.metrics.accepted(judged.accepted_chars)
         if self.log is not None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from proxy.models import BudgetedPrompt, Completion, NormalizedRequest, Outcome
 from proxy.observe import Changes
+from proxy.telemetry.acceptance import Judged
 
 
 def prompt_digest(request: NormalizedRequest) -> str:
@@ -150,17 +151,35 @@ class RequestRecord:
 
 
 class RecentRecords:
-    """The last `size` finished records, newest last (for /status and tests)."""
+    """The last `size` finished records, newest last, and the last `size` suggestions judged (for /status,
+    the live page and tests)."""
 
     def __init__(self, size: int = 256) -> None:
         self._records: deque[RequestRecord] = deque(maxlen=size)
         self.added = 0
+        self._judged: deque[Judged] = deque(maxlen=size)
+        self.judged_count = 0
         self.changes = Changes()
 
     def add(self, record: RequestRecord) -> None:
         self._records.append(record)
         self.added += 1
         self.changes.notify()
+
+    def judge(self, judged: Judged) -> None:
+        self._judged.append(judged)
+        self.judged_count += 1
+        self.changes.notify()
+
+    def records_since(self, added: int) -> list[RequestRecord]:
+        """The records added after the first `added` ones, of those still kept."""
+        count = min(self.added - added, len(self._records))
+        return list(self._records)[len(self._records) - count :] if count > 0 else []
+
+    def judged_since(self, count: int) -> list[Judged]:
+        """The judgements made after the first `count`, of those still kept."""
+        new = min(self.judged_count - count, len(self._judged))
+        return list(self._judged)[len(self._judged) - new :] if new > 0 else []
 
     def __iter__(self) -> Iterator[RequestRecord]:
         return iter(self._records)
