@@ -15,12 +15,13 @@ from bench.runners import (
     replay,
     soak,
     team,
+    tune,
 )
 from bench.workloads import convert, synth
 from proxy.console import Parser
 
 COMMANDS = (replay, team, convert, ladder, quality, replay_report, overhead, budget, first_run, memory, soak, synth,
-            calibration, lab)  # fmt: skip
+            calibration, lab, tune)  # fmt: skip
 
 
 def build_parser() -> Parser:

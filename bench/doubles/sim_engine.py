@@ -14,6 +14,9 @@ depend on it:
 - Each slot keeps its last prompt (the prompt cache); a task takes the free slot whose cache shares
   the longest prefix with its prompt, and only the rest is prefilled.
 - Prefill and decode slow down by `batch_penalty` for each other sequence running.
+- The KV cache is split among the slots (`kv_tokens / slots` each, llama.cpp's `n_ctx` per slot): a prompt
+  longer than a slot's context is refused at once (llama.cpp's 400 `exceed_context_size_error`); waiting in
+  the queue takes none of it, so any number of tasks may wait (llama.cpp queues, it does not refuse).
 
 Time is the event loop's (`loop.time()`), so on a `looptime` loop a whole replay runs in virtual time.
 """
@@ -43,7 +46,14 @@ class SimProfile:
 
 
 class SimRefused(Exception):
-    """The KV cache cannot hold the task (an out-of-memory answer, 503)."""
+    """The prompt does not fit a slot's context (llama.cpp's 400 `exceed_context_size_error`)."""
+
+    def __init__(self, prompt_tokens: int, slot_tokens: int) -> None:
+        super().__init__(
+            f"request ({prompt_tokens} tokens) exceeds the available context size ({slot_tokens} "
+            "tokens), try increasing it"
+        )  # fmt: skip (llama.cpp's words)
+        self.prompt_tokens, self.slot_tokens = prompt_tokens, slot_tokens
 
 
 @dataclass(eq=False, slots=True)
@@ -126,9 +136,10 @@ class SimEngine:
     def submit(self, prompt: str, max_tokens: int, text: str, stream: bool = True) -> SimTask:
         """Queue a task; it runs on its own, whether or not its client stays."""
         prompt_tokens = self.tokens(prompt)
-        if self.kv_in_use + prompt_tokens + max_tokens > self.spec.kv_tokens:
+        slot_tokens = self.spec.kv_tokens // self.spec.slots
+        if prompt_tokens >= slot_tokens:
             self.refused += 1
-            raise SimRefused("out of memory: the KV cache is full")
+            raise SimRefused(prompt_tokens, slot_tokens)
         self.requests += 1
         loop = asyncio.get_running_loop()
         task = SimTask(prompt, prompt_tokens, max_tokens, text, loop.time(), stream)
@@ -150,8 +161,7 @@ class SimEngine:
         return max(free, key=lambda slot: _common_prefix(slot.cache, prompt))
 
     async def _run(self, task: SimTask) -> None:
-        size = task.prompt_tokens + task.max_tokens
-        self.kv_in_use += size
+        size = min(task.prompt_tokens + task.max_tokens, self.spec.kv_tokens // self.spec.slots)
         try:
             await self.changes.wait_for(lambda: self._queue[0] is task and self._free_slot("") is not None,
                                         timeout_s=math.inf)  # fmt: skip
@@ -163,14 +173,15 @@ class SimEngine:
             assert slot is not None
             slot.busy, task.started = True, True
             self.active += 1
+            self.kv_in_use += size  # a slot's cells, while it runs
             self._note()
             try:
                 await self._generate(task, slot)
             finally:
                 slot.busy = False
                 self.active -= 1
+                self.kv_in_use -= size
         finally:
-            self.kv_in_use -= size
             task.done = True
             task.changes.notify()
             self._note()

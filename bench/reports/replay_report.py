@@ -62,6 +62,7 @@ COLUMNS = [
     ("max_inflight", "max in flight", "{}"),
     ("vram_peak_mib", "VRAM peak MiB", "{:.0f}"),
     ("idle_wait_s", "idle wait s", "{:.1f}"),
+    ("drain_s", "server drain s", "{:.1f}"),
     ("predicted_chars", "predicted chars", "{}"),
     ("kept_per_shown", "kept chars / shown", "{:.1f}"),
 ]

@@ -58,6 +58,7 @@ class PolicyResult(Seen):
     vram_peak_mib: float | None
     duration_s: float
     idle_wait_s: float | None = None  # how long the server took to be idle before this policy began
+    drain_s: float | None = None  # how long it went on with this policy's requests after the last edit
     served_by: dict[str, int] = field(default_factory=dict)  # upstream requests answered, per upstream
     upstream_errors: int = 0  # completions the proxy answered with an upstream error
     record_prompt_tokens: int = 0  # prompt tokens of the answered requests (their usage)

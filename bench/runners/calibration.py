@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.doubles.sim import profile
+from bench.doubles.sim import SimProfile, profile
 from bench.reports.writing import command, write_report
 from bench.runners.lab import run_lab
 from bench.runners.policy import Policy
@@ -33,6 +33,8 @@ def add_commands(commands: Any) -> None:
     calibrate.add_argument("trace", type=Path)
     calibrate.add_argument("--limit-events", type=POSITIVE, default=300, help="edits [default: 300]")
     calibrate.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
+    calibrate.add_argument("--profile", default="embedded-cpu", help="the lab's server: a sim profile, or the JSON "
+                           "of `mellum-proxy profile` [default: embedded-cpu]")  # fmt: skip
     calibrate.add_argument("--accuracy", type=SHARE, default=0.0,
                            help="the simulated model's (gemma is not a FIM model) [default: 0]")  # fmt: skip
 
@@ -40,12 +42,13 @@ def add_commands(commands: Any) -> None:
 def _calibrate(args: argparse.Namespace) -> None:
     try:
         events = list(limited(load_trace(args.trace), args.limit_events))
+        spec = profile(args.profile)
     except (OSError, TraceError, ValueError) as exc:
         fail(str(exc))
 
     async def run() -> dict[str, Any]:
         async with upstream_for("embedded") as (url, described):
-            return await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy)
+            return await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy, spec=spec)
 
     write_report(args.out, "calibration", asyncio.run(run()), render)
 
@@ -63,14 +66,15 @@ INFORMATION = {"upstream_requests", "predicted_chars"}  # shown, not held to the
 
 async def measure(
     events: Sequence[Event], trace: str, url: str, described: str, max_tokens: int, accuracy: float,
-    progress: Callable[[str], None] = print,
+    progress: Callable[[str], None] = print, spec: SimProfile | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    spec = spec or profile("embedded-cpu")
     rows = []
     for name, settings in (("direct", None), ("defaults", {})):
         real = await run_policy(Policy(name, settings), list(events), url, max_tokens=max_tokens)
         progress(f"real {name}: coverage {real.pause_coverage or 0:.0%}, p95 {real.latency_p95_ms or 0:.0f} ms")
         lab = await asyncio.to_thread(
-            run_lab, Policy(name, settings), events, profile("embedded-cpu"), trace, accuracy, max_tokens=max_tokens
+            run_lab, Policy(name, settings), events, spec, trace, accuracy, max_tokens=max_tokens
         )  # fmt: skip (its own virtual-time loop)
         real_values = {"pause_coverage": real.pause_coverage, "latency_p95_ms": real.latency_p95_ms,
                        "peak_held": real.max_inflight, "upstream_requests": real.upstream_requests,
@@ -79,7 +83,7 @@ async def measure(
         rows.append({"policy": name, "real": real_values, "sim": lab_values,
                      "idle_wait_s": real.idle_wait_s})  # fmt: skip
     return {"trace": trace, "edits": sum(1 for e in events if hasattr(e, "offset")), "upstream": described,
-            "profile": profile("embedded-cpu").__repr__(), "rows": rows, "max_tokens": max_tokens,
+            "profile": spec.__repr__(), "rows": rows, "max_tokens": max_tokens,
             "accuracy": accuracy}  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from bench.doubles.sim_engine import SimEngine, SimProfile, SimRefused
 from bench.reports import lab_report
 from bench.reports.results import LabResult, Seen
 from bench.reports.writing import command, write_report
-from bench.runners.playback import Clock, play
+from bench.runners.playback import Clock, pause_starts, play
 from bench.runners.policy import Policy, parse_policy
 from bench.workloads.convert import load_trace
 from bench.workloads.corpus import CODE_DIR, shipped_traces
@@ -56,6 +56,7 @@ GRID_AXES: dict[str, Sequence[Any]] = {
     "reuse": (True, False),
 }
 FIXED = (0, 150, 300)  # debounce_ms of the fixed rule, for comparison
+ORACLE = Policy("oracle", None, oracle=True)  # the yardstick: one request per pause, the moment typing stops
 
 
 def add_commands(commands: Any) -> None:
@@ -113,7 +114,9 @@ def default_traces() -> list[tuple[str, list[Event]]]:
 
 
 def _policies(texts: Sequence[str] | None, with_grid: bool) -> list[Policy]:
-    chosen = [parse_policy(text) for text in texts] if texts else [Policy("direct", None), Policy("defaults", {})]
+    chosen = (
+        [parse_policy(text) for text in texts] if texts else [Policy("direct", None), ORACLE, Policy("defaults", {})]
+    )
     if any(policy.plugin_debounce_ms for policy in chosen):
         raise ValueError("the lab does not simulate the plugin's own debounce (plugin_debounce_ms): use bench replay")
     if with_grid:
@@ -152,8 +155,8 @@ class EngineSource:
         text = prompt.prompt + (prompt.suffix or "")
         try:
             task = self.engine.submit(text, prompt.max_tokens, self.writer.text(self.edit_of[request.id], text))
-        except SimRefused as exc:
-            raise UpstreamStatusError(503, str(exc), "out_of_memory") from exc
+        except SimRefused as exc:  # llama.cpp's answer: the proxy fits the prompt again, harder, once
+            raise UpstreamStatusError(400, str(exc), "exceed_context_size_error") from exc
         self.tasks[request.id] = task
         try:
             first = True
@@ -260,7 +263,13 @@ class LabEditor:
 
 
 async def _replay(
-    policy: Policy, events: Sequence[Event], spec: SimProfile, writer: Writer, max_gap_ms: float, max_tokens: int
+    policy: Policy,
+    events: Sequence[Event],
+    spec: SimProfile,
+    writer: Writer,
+    max_gap_ms: float,
+    max_tokens: int,
+    pause_ms: float = 300,
 ) -> tuple[list[EditMark], list[RequestResult], SimEngine, dict[str, Any], RecentRecords | None]:
     engine = SimEngine(spec)
     source = EngineSource(engine, writer, {})
@@ -273,7 +282,9 @@ async def _replay(
         service = CompletionService(source, policies, budget, Telemetry(records))
     clock = Clock()
     editor = LabEditor(policy, engine, source, service, clock, max_tokens)
-    marks = await play(events, max_gap_ms, editor, clock)
+    marks = await play(
+        events, max_gap_ms, editor, clock, only=pause_starts(events, max_gap_ms, pause_ms) if policy.oracle else None
+    )
     if editor.tasks:
         await asyncio.wait(list(editor.tasks), timeout=30)
     if service is not None:
@@ -293,9 +304,9 @@ def run_lab(
     writer = Writer(truth, accuracy, seed)
     with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
         marks, results, engine, tasks, records = runner.run(
-            _replay(policy, events, spec, writer, max_gap_ms, max_tokens)
+            _replay(policy, events, spec, writer, max_gap_ms, max_tokens, pause_ms)
         )
-    acct = account(marks, results, pause_ms, truth)
+    acct = account(marks, results, pause_ms, truth, last_look_ms=max_gap_ms)
     shown_sources = {r.outcome for r in results if r.edit in acct.shown_edits}
     used_tokens = sum(task.completion_tokens for key, task in tasks.items() if f"lab-{key}" in shown_sources)
     outcomes = [r.outcome for r in records] if records is not None else []

@@ -9,6 +9,7 @@ the time it happened, for `bench.workloads.editor.account`.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -50,18 +51,29 @@ def schedule(events: Sequence[Event], max_gap_ms: float) -> list[float]:
     return times
 
 
+def pause_starts(events: Sequence[Event], max_gap_ms: float, pause_ms: float) -> set[int]:
+    """The positions of the edits that begin a pause as played (the next edit `pause_ms` or more later, or
+    none): where the oracle sends, and what `account` counts as pauses."""
+    edits = [(position, at) for position, (event, at) in
+             enumerate(zip(events, schedule(events, max_gap_ms), strict=True)) if isinstance(event, Edit)]  # fmt: skip
+    return {position for (position, at), (_, following) in zip(edits, [*edits[1:], (None, math.inf)], strict=True)
+            if following - at >= pause_ms}  # fmt: skip
+
+
 async def play(
     events: Sequence[Event], max_gap_ms: float, editor: Editor, clock: Clock,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None, only: set[int] | None = None,
 ) -> list[EditMark]:  # fmt: skip
-    """Type `events` out on `clock`, handing every edit to `editor`; the edits' marks."""
+    """Type `events` out on `clock`, handing every edit (or those at the positions `only`) to `editor`; the
+    edits' marks."""
     documents, marks = Documents(), []
     for position, (event, at) in enumerate(zip(events, schedule(events, max_gap_ms), strict=True)):
         await clock.until(at)
         documents.apply(event)
         if isinstance(event, Edit):
             marks.append(EditMark(position, event.file, clock.now_ms()))
-            editor.on_edit(position, event.file, documents.texts[event.file], documents.cursor[event.file])
+            if only is None or position in only:
+                editor.on_edit(position, event.file, documents.texts[event.file], documents.cursor[event.file])
         if progress:
             progress(position, editor.in_flight)
     return marks

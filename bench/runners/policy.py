@@ -23,10 +23,12 @@ class Policy:
     settings: dict[str, Any] | None  # proxy settings; None: direct to the upstream
     plugin_cancel: bool = True  # the plugin cancels its open request on the next edit
     plugin_debounce_ms: float = 0  # the plugin's own debounce (real-time replay only)
+    oracle: bool = False  # straight to the server, one request per pause, sent the moment typing stops
 
 
 def parse_policy(text: str) -> Policy:
-    """`NAME[:key=value,...]`; a NAME of `direct` or `direct-...` is the no-proxy baseline.
+    """`NAME[:key=value,...]`; a NAME of `direct` or `direct-...` is the no-proxy baseline, `oracle` the best
+    possible: one request per pause, sent straight to the server the moment typing stops (it knows the future).
 
     Raises:
         ValueError: malformed, or a setting the proxy does not have.
@@ -40,10 +42,10 @@ def parse_policy(text: str) -> Policy:
         options[key.strip()] = value.strip()
     cancel = options.pop("plugin_cancel", "true").lower() not in ("false", "0", "no")
     debounce = float(options.pop("plugin_debounce_ms", "0"))
-    if name == "direct" or name.startswith("direct-"):
+    if name in ("direct", "oracle") or name.startswith("direct-"):
         if options:
-            raise ValueError(f"policy '{text}': direct takes only plugin_* options")
-        return Policy(name, None, cancel, debounce)
+            raise ValueError(f"policy '{text}': {name} takes only plugin_* options")
+        return Policy(name, None, cancel, debounce, oracle=name == "oracle")
     unknown = set(options) - set(Settings.model_fields)
     if unknown:
         raise ValueError(f"policy '{text}': unknown proxy setting(s) {', '.join(sorted(unknown))}")

@@ -22,7 +22,7 @@ from bench.reports import replay_report
 from bench.reports.results import PolicyResult, Seen
 from bench.reports.team_report import developers_markdown
 from bench.reports.writing import command_line, progress_bar
-from bench.runners.playback import Clock, play
+from bench.runners.playback import Clock, pause_starts, play
 from bench.runners.policy import Policy, parse_policy, proxy_for
 from bench.runners.upstreams import upstream_for
 from bench.workloads.convert import load_trace
@@ -165,14 +165,18 @@ async def run_policy(
         plugin.now_ms = clock.now_ms
         plugin.results.clear()
         sampler = asyncio.create_task(_sample(session, upstream, clock, samples))
-        marks = await play(events, max_gap_ms, plugin, clock, progress)
+        only = pause_starts(events, max_gap_ms, pause_ms) if policy.oracle else None
+        marks = await play(events, max_gap_ms, plugin, clock, progress, only)
         await plugin.drain()
+        duration = clock.now_ms() / 1000
+        # the server's counters are read once it has finished every request of this policy, not when the
+        # client side is done: a backlog still decoding is the policy's waste too
+        drain_s = await wait_idle(session, upstream)
         await count_unmetered(session, upstream, plugin.results)
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
         after = await read_metrics(session, upstream)
-        duration = clock.now_ms() / 1000
-        acct = account(marks, plugin.results, pause_ms, next_typed(events))
+        acct = account(marks, plugin.results, pause_ms, next_typed(events), last_look_ms=max_gap_ms)
         kept = app[RECORDS] if app is not None else None
         records = list(kept) if kept is not None else []
         admission = app[POLICIES].admission if app is not None else None
@@ -195,7 +199,7 @@ async def run_policy(
         max_queue_depth=int(max([admission.max_depth_seen if admission else 0, *(s[2] for s in samples)])),
         max_inflight=int(max([0, *(s[1] + s[2] for s in samples)])),
         vram_peak_mib=max(peaks) if peaks else None, duration_s=duration, inflight_series=samples,
-        idle_wait_s=idle_wait_s, served_by=served_by,
+        idle_wait_s=idle_wait_s, drain_s=drain_s, served_by=served_by,
         upstream_errors=sum(r.outcome == "upstream_error" for r in records),
         record_prompt_tokens=sum(r.prompt_tokens or 0 for r in counted),
         record_cached_tokens=sum(r.cached_tokens or 0 for r in counted),

@@ -5,7 +5,8 @@
   existed before tracing began and becomes part of the opening text.
 - ProgSnap2 keystroke CSV: `SourceLocation`, `InsertText`, `DeleteText`, `ClientTimestamp`
   (and `CodeStateSection` for the file, when present).
-- The proxy's own recording (`serve --record FILE`): each request becomes an open of its file with the
+- The proxy's own recording (`serve --record FILE`): a request that types on from its file's last one
+  becomes that edit (text typed at the cursor, or a backspace); any other an open of its file with the
   prefix and suffix (placeholders of the same lengths when the text was not recorded) and an empty edit
   at the cursor, so replaying it sends the same request at the same time.
 """
@@ -111,14 +112,25 @@ def from_progsnap2(path: Path) -> Trace:
 
 
 def from_recording(path: Path) -> Trace:
+    """A request that types on from the file's last one (the same suffix, the prefix that one's plus text, or
+    less a tail: backspace) becomes that edit, so the typing is there to be predicted and typed through; any
+    other becomes an open of its prefix and suffix and an empty edit at the cursor."""
     events: list[Event] = []
     start: float | None = None
+    last: dict[str, tuple[str, str]] = {}  # file -> its last request's prefix and suffix
     for _, line in json_lines(path):
         start = line["t"] if start is None else start
         t_ms = round((line["t"] - start) * 1000)
         name = line.get("file") or f"session-{line.get('session', 'default')}"
         prefix = str(line["prompt"]) if line.get("prompt") is not None else "x" * int(line["prefix_chars"])
         suffix = str(line["suffix"]) if line.get("suffix") is not None else "x" * int(line["suffix_chars"])
-        events.append(Open(t_ms, name, prefix + suffix))
-        events.append(Edit(t_ms, name, len(prefix), 0, ""))
+        before, before_suffix = last.get(name, (None, None))
+        last[name] = (prefix, suffix)
+        if before is not None and before_suffix == suffix and prefix.startswith(before):
+            events.append(Edit(t_ms, name, len(before), 0, prefix[len(before) :]))
+        elif before is not None and before_suffix == suffix and before.startswith(prefix):
+            events.append(Edit(t_ms, name, len(prefix), len(before) - len(prefix), ""))
+        else:
+            events.append(Open(t_ms, name, prefix + suffix))
+            events.append(Edit(t_ms, name, len(prefix), 0, ""))
     return Trace(events, {"format": FORMAT, "source": f"mellum-proxy recording {path.name}"})

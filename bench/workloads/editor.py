@@ -69,9 +69,17 @@ class Accounting:
 
 
 def account(
-    marks: list[EditMark], results: list[RequestResult], pause_ms: float, truth: dict[int, str] | None = None
+    marks: list[EditMark],
+    results: list[RequestResult],
+    pause_ms: float,
+    truth: dict[int, str] | None = None,
+    last_look_ms: float = math.inf,
 ) -> Accounting:
     """Shown completions, pauses, coverage and pause-to-suggestion latency (a pure function).
+
+    A completion is shown if it arrives before the next edit of its file; after a file's last edit, within
+    `last_look_ms` (the replays pass their longest kept gap: a person who stopped typing for good does not
+    wait a minute for a suggestion, and the two replays' drains differ in how long they wait for one).
 
     `truth`: what the person typed next after each edit. With it, `predicted_chars` counts, at each pause, the
     characters of it that the suggestion shown there began with: what the person could have accepted when they
@@ -87,8 +95,9 @@ def account(
         last_seen[mark.file] = mark.index
     by_edit = {r.edit: r for r in results}
     shown: dict[int, RequestResult] = {}
+    sent_at = {m.index: m.t_ms for m in marks}
     for result in results:
-        deadline = next_same_file.get(result.edit, math.inf)
+        deadline = next_same_file.get(result.edit, sent_at.get(result.edit, 0.0) + last_look_ms)
         if not result.cancelled and result.done_ms is not None and result.text and result.done_ms < deadline:
             shown[result.edit] = result
     acct = Accounting(edits=len(marks), requests=len(results), shown=len(shown), pauses=0, covered=0)
@@ -98,7 +107,7 @@ def account(
     acct.kept_chars = sum(kept.values())
     time_of = {m.index: m.t_ms for m in marks}
     for position, mark in enumerate(marks):
-        following = marks[position + 1].t_ms if position + 1 < len(marks) else math.inf
+        following = marks[position + 1].t_ms if position + 1 < len(marks) else mark.t_ms + last_look_ms
         if following - mark.t_ms < pause_ms:
             continue
         acct.pauses += 1

@@ -1,4 +1,4 @@
-"""The planner's commands: `inspect`, `sweep`, `inspect-log`, `defaults`, `doctor`."""
+"""The planner's commands: `inspect`, `sweep`, `inspect-log`, `defaults`, `doctor`, `profile`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 
 from proxy.console import POSITIVE, fail, real
@@ -92,6 +93,10 @@ def add_commands(commands: Any) -> None:
     defaults.add_argument("--out", type=Path, default=Path("defaults.env"))
     _spec_options(defaults)
 
+    prof = commands.add_parser("profile", help="measure a completion server: prefill, decode, slots, disconnects")
+    prof.add_argument("--upstream", required=True, help="server base URL, or 'embedded' to start one and measure it")
+    prof.add_argument("--name", help="the profile's name [default: kind:model]")
+    prof.add_argument("--out", type=Path, default=Path("profile.json"), help="JSON output [default: profile.json]")
     doctor = commands.add_parser("doctor", help="which knob to move first, from a request log")
     doctor.add_argument("log", type=Path)
     doctor.add_argument("--probe", type=Path, help="a `mellum-proxy probe --out` CSV")
@@ -241,5 +246,39 @@ def run_doctor(args: argparse.Namespace) -> None:
         print(f"  - {line}")
 
 
+def run_profile(args: argparse.Namespace) -> None:
+    import asyncio
+
+    from proxy.config import upstream_base_url
+    from proxy.planner.profile import ProfileError, profile
+
+    async def measure() -> Any:
+        if args.upstream != "embedded":
+            return await profile(upstream_base_url(args.upstream), args.name, print)
+        from proxy.upstream.embedded import EmbeddedServer
+
+        server = EmbeddedServer(ctx_tokens=4096, slots=2)  # as `bench ... --upstream embedded` starts it
+        url = await asyncio.to_thread(server.start)
+        try:
+            name = args.name or "embedded llama.cpp (gemma-3-270m Q4_K_M, 2 slots, CPU)"
+            return await profile(url, name, print, shown_as="embedded")
+        finally:
+            await asyncio.to_thread(server.stop)
+
+    try:
+        measured = asyncio.run(measure())
+    except (ProfileError, OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        fail(f"profile failed: {exc or type(exc).__name__}")
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_bytes(measured.as_json())
+    except OSError as exc:
+        fail(f"cannot write {args.out}: {exc.strerror}")
+    print(f"prefill {measured.prefill_tps:.0f} tok/s, decode {measured.decode_tps:.1f} tok/s, {measured.slots} slots, "
+          f"{measured.overhead_ms:.0f} ms a request; disconnect stops decoding: {measured.disconnect_stops_decode}, "
+          f"stops a prefill: {measured.disconnect_stops_prefill}; took {measured.took_s:.0f} s")  # fmt: skip
+    print(f"saved {args.out} (bench lab --profile {args.out})")
+
+
 HANDLERS = {"inspect": run_inspect, "sweep": run_sweep, "inspect-log": run_inspect_log, "defaults": run_defaults,
-            "doctor": run_doctor}  # fmt: skip
+            "doctor": run_doctor, "profile": run_profile}  # fmt: skip

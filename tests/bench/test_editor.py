@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,16 @@ def test_shown_only_before_the_next_edit_and_when_not_empty() -> None:
     acct = account(edits, results, pause_ms=300)
     assert (acct.shown, acct.pauses, acct.covered) == (1, 2, 1)
     assert acct.pause_coverage == 0.5 and acct.latencies_ms == [300]
+
+
+def test_after_the_last_edit_a_suggestion_counts_only_within_the_last_look() -> None:
+    edits = marks(0, 1000)
+    slow = [RequestResult(1, "a", 1000, done_ms=1000 + 90_000, text="y")]  # a backlog's answer, 90 s later
+    assert account(edits, slow, pause_ms=300).covered == 1  # without a limit it counted, at 90 s
+    late = account(edits, slow, pause_ms=300, last_look_ms=2000)
+    assert (late.shown, late.pauses, late.covered) == (0, 2, 0)
+    in_time = account(edits, [RequestResult(1, "a", 1000, done_ms=2500, text="y")], pause_ms=300, last_look_ms=2000)
+    assert (in_time.covered, in_time.latencies_ms) == (1, [1500])
 
 
 def test_cancelled_and_failed_requests_are_not_shown() -> None:
@@ -74,14 +85,20 @@ async def test_debounce_sends_fewer_requests_than_direct_on_the_simulator(sim_ur
     assert debounced.upstream_completion_tokens < direct.upstream_completion_tokens
 
 
-async def test_sim_refuses_what_does_not_fit_its_kv_cache(aiohttp_client: Any) -> None:
+async def test_sim_refuses_a_prompt_over_a_slots_context_and_queues_the_rest(aiohttp_client: Any) -> None:
     from dataclasses import replace
 
     from bench.doubles.sim import PROFILES, SimServer
 
-    client = await aiohttp_client(SimServer(replace(PROFILES["fast"], kv_tokens=50)).app())
+    sim = SimServer(replace(PROFILES["fast"], kv_tokens=200, slots=2))  # 100 tokens a slot
+    client = await aiohttp_client(sim.app())
     resp = await client.post("/v1/completions", json={"prompt": "x" * 400, "max_tokens": 8})
-    assert resp.status == 503 and "out of memory" in (await resp.json())["error"]["message"]
+    error = (await resp.json())["error"]
+    assert resp.status == 400 and error["type"] == "exceed_context_size_error"  # llama.cpp's answer
+    assert (error["n_prompt_tokens"], error["n_ctx"]) == (122, 100)
+    many = [client.post("/v1/completions", json={"prompt": "x" * 300, "max_tokens": 8}) for _ in range(8)]
+    answers = await asyncio.gather(*many)  # 8 x 91 tokens: far over the whole cache, yet queued, as llama.cpp does
+    assert [r.status for r in answers] == [200] * 8
 
 
 async def test_report_files(tmp_path: Path, sim_url: str) -> None:
@@ -108,3 +125,25 @@ async def test_reports_of_separate_runs_merge(tmp_path: Path, sim_url: str, caps
     assert [r.policy for r in merged] == ["direct", "proxied"]
     assert merged[1].upstream_requests == second.upstream_requests
     assert any("from `run a`" in note for note in data["notes"])
+
+
+async def test_the_server_counters_are_read_once_it_has_finished(aiohttp_server: Any) -> None:
+    """The plugin has given up on its requests; the server still works through the prefills it began (they
+    cannot be interrupted): the waste is read after them, and how long that took is reported."""
+    from dataclasses import replace
+
+    from bench.doubles.sim import PROFILES, SimServer
+    from bench.workloads.trace import Edit, Open
+
+    slow = SimServer(replace(PROFILES["fast"], prefill_tps=400, slots=2))
+    url = str((await aiohttp_server(slow.app())).make_url("")).rstrip("/")
+    long_file = "".join(f"value_{i} = compute({i})\n" for i in range(100))  # 2 s or so to prefill
+    events = [
+        Open(0, "short.py", "x = "),
+        Open(0, "long.py", long_file),  # the warm-up caches short.py only
+        Edit(50, "long.py", len(long_file), 0, "x"),  # abandoned at the next edit, mid-prefill
+        Edit(100, "short.py", 4, 0, "1"),
+    ]  # answered while the other still prefills
+    result = await run_policy(parse_policy("direct"), events, url, max_tokens=8)
+    assert slow.engine.active == 0 and slow.engine.deferred == 0  # nothing left running when it was read
+    assert result.drain_s is not None and result.drain_s > 0.1

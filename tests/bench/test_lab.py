@@ -103,12 +103,13 @@ def test_the_server_never_holds_more_than_max_concurrency_of_the_proxys_requests
     assert defaults.peak_held <= spec.slots
 
 
-def test_a_full_kv_cache_is_an_upstream_error_not_a_proxy_defect() -> None:
-    """The simulator's refusal (its KV cache full) reaches the service as the server's 503, recorded
-    `upstream_error`; it was a TypeError once, recorded `internal_error`."""
+def test_a_prompt_over_a_slot_is_the_servers_400_not_a_proxy_defect() -> None:
+    """The simulator's refusal (a prompt over a slot's context) reaches the service as llama.cpp's 400, which
+    the proxy reads as a context overflow; it was a TypeError once, recorded `internal_error`."""
     from bench.runners.lab import EngineSource, Writer
     from proxy.errors import UpstreamStatusError
     from proxy.models import BudgetedPrompt, NormalizedRequest
+    from proxy.upstream.errors import context_overflow
 
     async def run() -> None:
         engine = SimEngine(replace(SLOW, kv_tokens=10))
@@ -119,8 +120,42 @@ def test_a_full_kv_cache_is_an_upstream_error_not_a_proxy_defect() -> None:
             async for _ in source.stream_completion(request, prompt):
                 raise AssertionError("a refused task streams nothing")
         except UpstreamStatusError as error:
-            assert error.status == 503 and "KV cache is full" in error.message
+            assert error.status == 400 and context_overflow(error) == 122  # the tokens it counted
         else:
             raise AssertionError("the refusal was swallowed")
 
     run_virtual(run())
+
+
+def test_the_oracle_sends_one_request_per_pause_the_moment_typing_stops() -> None:
+    from bench.runners.lab import ORACLE
+    from bench.runners.playback import pause_starts
+    from tests.bench.bursts import burst_trace
+
+    events = burst_trace()  # three bursts of eight keystrokes, each followed by a pause
+    starts = pause_starts(events, max_gap_ms=2000, pause_ms=300)
+    assert starts == {8, 16, 24}  # the last keystroke of each burst
+    oracle = run_lab(ORACLE, events, PROFILES["fast"], "bursts", accuracy=1.0)
+    direct = run_lab(Policy("direct", None), events, PROFILES["fast"], "bursts", accuracy=1.0)
+    assert oracle.upstream_requests == oracle.pauses == 3 and direct.upstream_requests == 24
+    assert oracle.pause_coverage == 1.0  # a fast server answers every pause
+
+
+def test_the_defaults_are_held_to_the_oracle_when_it_ran() -> None:
+    from bench.reports.lab_report import meets_targets
+    from bench.reports.results import LabResult
+
+    def result(name: str, requests: int, p95: float, waste: int) -> LabResult:
+        return LabResult(policy=name, trace="t", profile="p", accuracy=0.3, edits=100, pauses=10, pause_coverage=0.9,
+                         latency_p50_ms=p95 / 2, latency_p95_ms=p95, upstream_requests=requests,
+                         requests_per_edit=requests / 100, completion_tokens=0, wasted_completion_tokens=waste,
+                         prompt_tokens_computed=0, predicted_chars=0, reused=0, timeouts=0, errors=0, peak_held=1,
+                         settings=None)  # fmt: skip
+
+    direct, oracle = result("direct", 100, 500.0, 400), result("oracle", 10, 200.0, 0)
+    assert meets_targets(result("defaults", 15, 220.0, 100), direct, oracle) == {
+        "coverage": True, "p95": True, "requests": True, "waste": True}  # fmt: skip
+    missed = meets_targets(result("defaults", 16, 230.0, 101), direct, oracle)
+    assert missed == {"coverage": True, "p95": False, "requests": False, "waste": False}
+    assert meets_targets(result("defaults", 33, 230.0, 100), direct)["requests"]  # without an oracle: 1/3 of direct
+    assert meets_targets(result("defaults", 15, 0.0, 100), direct, oracle)["p95"]  # every pause answered at once

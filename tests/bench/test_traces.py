@@ -13,7 +13,7 @@ import pytest
 from bench.workloads.convert import from_josephg, from_progsnap2, from_recording
 from bench.workloads.corpus import code_files
 from bench.workloads.synth import synthesize
-from bench.workloads.trace import Edit, Open, Trace, TraceError, read_trace, replay_text, write_trace
+from bench.workloads.trace import Edit, Open, Trace, TraceError, next_typed, read_trace, replay_text, write_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "bench" / "traces"
 
@@ -53,6 +53,18 @@ def test_recording_with_and_without_text(tmp_path: Path) -> None:
     trace = from_recording(rec)
     assert trace.events[0] == Open(0, "a.py", "xxxxx") and trace.events[1] == Edit(0, "a.py", 3, 0, "")
     assert trace.events[2] == Open(500, "a.py", "abcdef") and trace.events[3].offset == 4  # type: ignore[union-attr]
+
+
+def test_a_recording_that_types_on_becomes_the_typing(tmp_path: Path) -> None:
+    rec = tmp_path / "rec.jsonl"
+    lines = [("def f", ")"), ("def f(x", ")"), ("def f(", ")"), ("def g(", ")")]  # type, backspace, jump
+    rec.write_bytes(b"\n".join(orjson.dumps({"t": 10.0 + i, "session": "s", "file": "a.py", "prompt": prompt,
+                                             "suffix": suffix, "prefix_chars": len(prompt), "suffix_chars": 1})
+                                for i, (prompt, suffix) in enumerate(lines)))  # fmt: skip
+    events = from_recording(rec).events
+    assert events[2:4] == [Edit(1000, "a.py", 5, 0, "(x"), Edit(2000, "a.py", 6, 1, "")]
+    assert events[4] == Open(3000, "a.py", "def g()")
+    assert next_typed(events)[1] == "(x"  # what the person typed after the first request, to be predicted
 
 
 def test_bad_traces_are_refused(tmp_path: Path) -> None:

@@ -1,0 +1,71 @@
+"""`mellum-proxy tune`: the lab's grid over one person's typing on one server, written as a config `serve` takes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.doubles.sim import PROFILES
+from bench.runners.policy import Policy
+from bench.runners.tune import config_toml, read_typing, tune
+from proxy.cli import main
+from proxy.config import load_settings
+from tests.bench.bursts import burst_trace
+
+CANDIDATES = [Policy("defaults", {}), Policy("fixed=300", {"dispatch": "fixed", "debounce_ms": 300}),
+              Policy("no-reuse", {"reuse": False})]  # fmt: skip
+
+
+def test_the_choice_meets_the_targets_or_is_the_defaults(tmp_path: Path) -> None:
+    lines: list[str] = []
+    result = tune([("bursts", burst_trace())], PROFILES["embedded-cpu"], policies=CANDIDATES, progress=lines.append)
+    assert len(lines) == 2  # one per accuracy
+    assert {run["policy"] for run in result["runs"]} == {"direct", "oracle", "defaults", "fixed=300", "no-reuse"}
+    assert {run["accuracy"] for run in result["runs"]} == {0.0, 0.3}
+    chosen = result["chosen"]
+    assert chosen in {"defaults", "fixed=300", "no-reuse"}
+    assert chosen == "defaults" or all(result["targets"][chosen].values())
+    path = tmp_path / "config.toml"
+    path.write_text(config_toml(result["settings"]))
+    settings = load_settings(config_file=path)  # what `serve --config` reads
+    for key, value in result["settings"].items():
+        assert getattr(settings, key) == value
+
+
+def test_only_what_differs_from_the_defaults_is_written() -> None:
+    text = config_toml({"dispatch": "fixed", "debounce_ms": 300, "reuse": True})
+    assert 'dispatch = "fixed"' in text and "debounce_ms = 300" in text and "reuse" not in text
+
+
+def test_a_recording_is_read_as_typing(tmp_path: Path) -> None:
+    recording = tmp_path / "me.jsonl"
+    recording.write_text('{"t": 0.0, "session": "s", "dialect": "openai", "file": "a.py", "prefix_chars": 3, '
+                         '"suffix_chars": 0}\n{"t": 0.5, "session": "s", "dialect": "openai", "file": "a.py", '
+                         '"prefix_chars": 4, "suffix_chars": 0}\n')  # fmt: skip
+    assert read_typing(recording)
+
+
+def test_an_unknown_profile_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["tune", str(tmp_path / "none.jsonl"), "--profile", "nowhere", "--out", str(tmp_path)])
+    assert stopped.value.code == 2 and "unknown sim profile" in capsys.readouterr().err
+
+
+def test_a_candidate_that_meets_every_target_wins_over_defaults_that_do_not() -> None:
+    from bench.reports.results import LabResult
+    from bench.runners.tune import choose
+
+    def run(name: str, requests: int, p95: float, accuracy: float) -> LabResult:
+        return LabResult(policy=name, trace="me", profile="p", accuracy=accuracy, edits=100, pauses=10,
+                         pause_coverage=0.9, latency_p50_ms=p95 / 2, latency_p95_ms=p95, upstream_requests=requests,
+                         requests_per_edit=requests / 100, completion_tokens=0, wasted_completion_tokens=0,
+                         prompt_tokens_computed=0, predicted_chars=0, reused=0, timeouts=0, errors=0,
+                         peak_held=1)  # fmt: skip
+
+    runs = [r for a in (0.0, 0.3) for r in (run("direct", 100, 500.0, a), run("oracle", 10, 200.0, a),
+                                            run("defaults", 12, 100.0, a) if a else run("defaults", 12, 600.0, a),
+                                            run("held", 14, 210.0, a))]  # fmt: skip
+    chosen, met = choose(runs)
+    assert not all(met["defaults"].values()) and all(met["held"].values())
+    assert chosen == "held"  # though the defaults' mean p95 (350 ms) is the lower

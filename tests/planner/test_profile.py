@@ -1,0 +1,51 @@
+"""`mellum-proxy profile`: measured against the real embedded llama.cpp server, and read back by the lab."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bench.doubles.sim import profile as sim_profile
+from proxy.cli import main
+from proxy.planner.profile import _fit, profile
+
+
+@pytest.mark.embedded
+async def test_the_embedded_server_measured(embedded_server: Any, tmp_path: Path) -> None:
+    lines: list[str] = []
+    measured = await profile(embedded_server.url, "embedded", lines.append)
+    assert measured.kind == "llama.cpp" and measured.slots == 2  # from its /props
+    assert measured.prefill_tps > 0 and measured.decode_tps > 0 and measured.chars_per_token > 1
+    assert [row["prompt_tokens"] for row in measured.ttft] == sorted(row["prompt_tokens"] for row in measured.ttft)
+    assert all(row["cached_ms"] < row["cold_ms"] for row in measured.ttft[1:])  # the prompt cache, past the shortest
+    assert [row["at_once"] for row in measured.concurrency] == [1, 2]
+    assert measured.disconnect_stops_decode is True  # llama.cpp stops a streamed task at its next token
+    assert measured.disconnect_stops_prefill is False  # and finishes a prefill it began
+    path = tmp_path / "profile.json"
+    path.write_bytes(measured.as_json())
+    spec = sim_profile(str(path))  # what `bench lab --profile FILE.json` takes
+    assert (spec.prefill_tps, spec.decode_tps, spec.slots) == (measured.prefill_tps, measured.decode_tps, 2)
+    assert spec.source.startswith("measured by `mellum-proxy profile")
+
+
+def test_the_prefill_rate_is_the_slope_of_the_cold_times() -> None:
+    intercept, slope = _fit([(100.0, 0.3), (500.0, 1.1), (1000.0, 2.1)])  # 2 ms a token, 100 ms before it
+    assert slope == pytest.approx(0.002) and intercept == pytest.approx(0.1)
+
+
+def test_an_unreachable_server_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["profile", "--upstream", "http://127.0.0.1:9", "--out", str(tmp_path / "p.json")])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().startswith("mellum-proxy: profile failed")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_file_that_is_not_a_profile_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.json"
+    path.write_bytes(orjson.dumps({"cells": []}))
+    with pytest.raises(ValueError, match="not a profile"):
+        sim_profile(str(path))
