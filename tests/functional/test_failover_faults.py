@@ -61,7 +61,8 @@ async def test_a_garbage_first_upstream_is_failed_over(
     proxy = await make_proxy(upstream=[bad_url, second_url], tokenizer="chars", reuse=False, health_interval_ms=50)
     assert await served_by_second(proxy, second_url) >= 0.95
     pool = proxy.app[UPSTREAMS]
-    assert not pool.members[0].up  # and it stays out: an HTML page is no health answer either
+    if first == "portal":  # it stays out: an HTML page is no health answer either (a server whose events are
+        assert not pool.members[0].up  # broken but whose /health is fine may be back in by now: a race)
     seen = checks[0]
     await checked.wait_for(lambda: checks[0] >= seen + 4)  # four more health checks
     if first == "portal":
