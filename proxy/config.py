@@ -136,7 +136,9 @@ class Settings(BaseSettings):
     )
     hold_idle_max_ms: int = Field(0, ge=0, description="adaptive: longest hold while the upstream is idle.")
     hold_busy_max_ms: int = Field(0, ge=0, description="adaptive: longest hold while the upstream is busy.")
-    hold_min_ms: int = Field(2, ge=0, description="adaptive: every request is held at least this long.")
+    hold_min_ms: int = Field(
+        2, ge=0, description="adaptive: a session whose edits arrive this close together is held this long."
+    )
     hold_gap_factor: float = Field(1.0, ge=0, le=10, description="adaptive: hold = this x the median typing gap.")
     reuse: bool = Field(True, description="Answer typed-through keystrokes from the previous completion.")
     keep_prefill: bool = Field(

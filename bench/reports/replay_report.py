@@ -72,15 +72,29 @@ def _cell(value: Any, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
+ORACLE_COLUMNS = [("requests_x_oracle", "requests / oracle", "{:.2f}"), ("p95_x_oracle", "p95 / oracle", "{:.2f}")]
+
+
 def markdown(results: list[PolicyResult], command: str, notes: list[str]) -> str:
+    """The table; with an `oracle` row (one request per pause, the moment typing stopped), each policy's
+    requests and p95 also as a multiple of the oracle's: its distance from the best possible."""
+    oracle = next((r for r in results if r.policy == "oracle"), None)
+    columns = COLUMNS + (ORACLE_COLUMNS if oracle is not None else [])
     lines = [f"`{command}`", ""]
     lines += [f"- {note}" for note in notes]
-    lines += ["", "| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["", "| " + " | ".join(title for _, title, _ in columns) + " |", "|" + "---|" * len(columns)]
     for result in results:
         row = result.summary()
         row["per_edit"] = result.upstream_requests / result.edits if result.edits else None
-        lines.append("| " + " | ".join(_cell(row[key], fmt) for key, _, fmt in COLUMNS) + " |")
+        if oracle is not None:
+            row["requests_x_oracle"] = _ratio(result.upstream_requests, oracle.upstream_requests)
+            row["p95_x_oracle"] = _ratio(result.latency_p95_ms, oracle.latency_p95_ms)
+        lines.append("| " + " | ".join(_cell(row[key], fmt) for key, _, fmt in columns) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return None if value is None or not base else value / base
 
 
 def plots(results: list[PolicyResult], out: Path) -> list[Path]:

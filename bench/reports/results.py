@@ -23,6 +23,7 @@ class Seen:
     predicted_chars: int | None = None  # at each pause, how much of what the person typed next was shown
     kept_per_shown: float | None = None  # characters typed on through, per shown suggestion (inferred acceptance)
     latencies_ms: list[float] = field(default_factory=list, repr=False)
+    covered_pauses: list[int] = field(default_factory=list, repr=False)  # the pause of each of `latencies_ms`
 
     @staticmethod
     def of(acct: Accounting) -> dict[str, Any]:
@@ -30,12 +31,13 @@ class Seen:
         return {"edits": acct.edits, "pauses": acct.pauses, "pause_coverage": acct.pause_coverage,
                 "latency_p50_ms": acct.latency(50), "latency_p95_ms": acct.latency(95),
                 "predicted_chars": acct.predicted_chars, "latencies_ms": acct.latencies_ms,
+                "covered_pauses": acct.covered_pauses,
                 "kept_per_shown": acct.kept_chars / acct.shown if acct.shown else None}  # fmt: skip
 
     def summary(self) -> dict[str, Any]:
         """Every field but the long series."""
         data = asdict(self)
-        for key in ("latencies_ms", "inflight_series", "upstream_series"):
+        for key in ("latencies_ms", "covered_pauses", "inflight_series", "upstream_series"):
             data.pop(key, None)
         return data
 

@@ -28,7 +28,7 @@ from bench.doubles.sim_engine import SimEngine, SimProfile, SimRefused
 from bench.reports import lab_report
 from bench.reports.results import LabResult, Seen
 from bench.reports.writing import command, write_report
-from bench.runners.playback import Clock, pause_starts, play
+from bench.runners.playback import Clock, gaps_after, pause_starts, play
 from bench.runners.policy import Policy, parse_policy
 from bench.workloads.convert import load_trace
 from bench.workloads.corpus import CODE_DIR, shipped_traces
@@ -48,7 +48,8 @@ from proxy.telemetry import RecentRecords, Telemetry
 
 JUNK = "\u00a4" * 1024
 SYNTH_SOURCE = CODE_DIR / "inventory.py"
-DEFAULT_PROFILES = ("embedded-cpu", "gpu")
+DEFAULT_PROFILES = ("embedded-cpu", "gpu", "h100", "mac-m4", "laptop-m3")
+MAX_GAP_MS = 2000  # gaps longer than this are played as this (a pause stays a pause)
 GRID_AXES: dict[str, Sequence[Any]] = {
     "hold_busy_max_ms": (0, 75, 150, 300),
     "hold_idle_max_ms": (0, 50),
@@ -64,7 +65,7 @@ def add_commands(commands: Any) -> None:
     lab = command(commands, "lab", about, _lab, out="lab")
     lab.add_argument("traces", nargs="*", type=Path,
                      help="traces [default: the two shipped ones and three synthetic typists]")  # fmt: skip
-    lab.add_argument("--profile", action="append", help="sim profile(s) [default: embedded-cpu and gpu]")
+    lab.add_argument("--profile", action="append", help=f"sim profile(s) [default: {', '.join(DEFAULT_PROFILES)}]")
     lab.add_argument("--policy", action="append", help="NAME[:key=value,...] [default: direct and defaults]")
     lab.add_argument("--grid", action="store_true", help="also search the adaptive-dispatch settings")
     lab.add_argument("--accuracy", type=SHARE, default=0.3,
@@ -102,7 +103,8 @@ def measure(
             for policy in policies:
                 runs.append(run_lab(policy, events, spec, name, accuracy, max_tokens=max_tokens))
             progress(f"{spec.name} / {name}: {len(policies)} policies")
-    return lab_report.summarize(runs, specs, accuracy, max_tokens, limit_events)
+    gaps = {name: list(gaps_after(events, MAX_GAP_MS).values()) for name, events in traces}
+    return lab_report.summarize(runs, specs, accuracy, max_tokens, limit_events, gaps)
 
 
 def default_traces() -> list[tuple[str, list[Event]]]:
@@ -295,7 +297,7 @@ async def _replay(
 
 def run_lab(
     policy: Policy, events: Sequence[Event], spec: SimProfile, trace_name: str, accuracy: float = 0.3,
-    pause_ms: float = 300, max_gap_ms: float = 2000, max_tokens: int = 16, seed: int = 0,
+    pause_ms: float = 300, max_gap_ms: float = MAX_GAP_MS, max_tokens: int = 16, seed: int = 0,
 ) -> LabResult:  # fmt: skip
     """One policy over one trace on one simulated server, in virtual time."""
     import looptime  # the bench extra's

@@ -51,13 +51,26 @@ def schedule(events: Sequence[Event], max_gap_ms: float) -> list[float]:
     return times
 
 
+def gaps_after(events: Sequence[Event], max_gap_ms: float) -> dict[int, float]:
+    """Each edit's position -> the gap to the next edit as played (the last edit: infinity)."""
+    edits = [(position, at) for position, (event, at) in
+             enumerate(zip(events, schedule(events, max_gap_ms), strict=True)) if isinstance(event, Edit)]  # fmt: skip
+    return {position: following - at
+            for (position, at), (_, following) in zip(edits, [*edits[1:], (None, math.inf)], strict=True)}  # fmt: skip
+
+
 def pause_starts(events: Sequence[Event], max_gap_ms: float, pause_ms: float) -> set[int]:
     """The positions of the edits that begin a pause as played (the next edit `pause_ms` or more later, or
     none): where the oracle sends, and what `account` counts as pauses."""
-    edits = [(position, at) for position, (event, at) in
-             enumerate(zip(events, schedule(events, max_gap_ms), strict=True)) if isinstance(event, Edit)]  # fmt: skip
-    return {position for (position, at), (_, following) in zip(edits, [*edits[1:], (None, math.inf)], strict=True)
-            if following - at >= pause_ms}  # fmt: skip
+    return {position for position, gap in gaps_after(events, max_gap_ms).items() if gap >= pause_ms}
+
+
+def no_foresight_floor(gaps_ms: Sequence[float], allowance_ms: float) -> int:
+    """The fewest upstream requests of any policy that cannot foresee the typing (a model that never predicts it,
+    so nothing is answered from an earlier completion) and may answer a pause at most `allowance_ms` later than
+    the moment typing stopped: when an edit is `allowance_ms` old it cannot know whether the gap after it is a
+    pause, so it must have sent a request for every edit followed by a longer gap."""
+    return sum(gap > allowance_ms for gap in gaps_ms)
 
 
 async def play(

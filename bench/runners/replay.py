@@ -41,6 +41,9 @@ def add_commands(commands: Any) -> None:
         "--policy", action="append", required=True, help="NAME[:key=value,...]; 'direct' is the baseline"
     )
     replay.add_argument("--out", type=Path, required=True)
+    replay.add_argument("--oracle", action=argparse.BooleanOptionalAction, default=True,
+                        help="also replay the oracle (one request per pause, sent the moment typing stops), the "
+                             "yardstick each policy is read against [default: on]")  # fmt: skip
     replay.add_argument("--limit-events", type=POSITIVE, help="stop after this many edits")
     replay.add_argument("--pause-ms", type=real(0), default=300, help="a gap this long is a pause [default: 300]")
     replay.add_argument("--max-gap-ms", type=real(0), default=2000, help="shorten longer gaps to this [default: 2000]")
@@ -54,6 +57,8 @@ def add_commands(commands: Any) -> None:
 def _replay(args: argparse.Namespace) -> None:
     try:
         policies = [parse_policy(text) for text in args.policy]
+        if args.oracle and not any(policy.oracle for policy in policies):
+            policies.append(parse_policy("oracle"))
         events: list[Event] = []
         traces = [list(limited(load_trace(path), args.limit_events)) for path in args.traces]
         for trace in traces:  # several traces play one after another

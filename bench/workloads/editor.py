@@ -55,6 +55,7 @@ class Accounting:
     pauses: int
     covered: int
     latencies_ms: list[float] = field(default_factory=list)
+    covered_pauses: list[int] = field(default_factory=list)  # the edit that began each pause of `latencies_ms`
     shown_completion_tokens: int = 0
     shown_edits: set[int] = field(default_factory=set)
     predicted_chars: int = 0  # at each pause, how much of what the person typed next its suggestion had
@@ -117,6 +118,7 @@ def account(
             done = shown[mark.index].done_ms
             assert done is not None
             acct.latencies_ms.append(done - time_of[mark.index])
+            acct.covered_pauses.append(mark.index)
     return acct
 
 

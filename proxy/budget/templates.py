@@ -13,6 +13,10 @@ import functools
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from proxy.models import NormalizedRequest
 
 MARKER = re.compile(r"<[^<>\s{}]+>|\[[A-Z_]+\]")  # `<fim_prefix>`, `<|fim_suffix|>`; Mistral's `[SUFFIX]`
 
@@ -184,3 +188,15 @@ def parse_any(prompt: str) -> tuple[FimTemplate, FimParts] | None:
             if parts is not None:
                 return template, parts
     return None
+
+
+def cursor_of(request: NormalizedRequest) -> tuple[str | None, str, str] | None:
+    """(file, text before, text after) the cursor; from a prompt the client rendered itself when it sent
+    no suffix (a plain completion without FIM markers has no cursor: None)."""
+    if request.suffix is not None:
+        return request.file_path, request.prefix, request.suffix
+    parsed = parse_any(request.prefix)
+    if parsed is None:
+        return None
+    parts = parsed[1]
+    return parts.path or request.file_path, parts.prefix, parts.suffix

@@ -22,7 +22,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.budget.templates import parse_any
+from proxy.budget.templates import cursor_of
 from proxy.flight import Flight
 from proxy.models import NormalizedRequest
 from proxy.policies.lines import complete_lines
@@ -81,7 +81,7 @@ class ReuseCache:
 
     def remember(self, request: NormalizedRequest, flight: Flight) -> None:
         """Keep `request`'s completion (streaming or not) for later keystrokes of its session."""
-        cursor = _cursor(request)
+        cursor = cursor_of(request)
         if cursor is None:
             return
         entries = self._sessions.pop(request.session, None) or deque(maxlen=ENTRIES_PER_SESSION)
@@ -95,7 +95,7 @@ class ReuseCache:
         """The newest entry `request` types through: finished with text left, or still streaming and
         agreeing so far."""
         entries = self._sessions.get(request.session)
-        cursor = _cursor(request) if entries else None
+        cursor = cursor_of(request) if entries else None
         if not entries or cursor is None:
             return None
         file_path, prefix, suffix = cursor
@@ -131,18 +131,6 @@ def rest_end(flight: Flight, start: int, max_tokens: int | None, stops: Sequence
         if len(ends) > max_tokens and (end is None or ends[max_tokens - 1] < end):
             end, why = ends[max_tokens - 1], "length"
     return end, why
-
-
-def _cursor(request: NormalizedRequest) -> tuple[str | None, str, str] | None:
-    """(file, text before, text after) the cursor; from a prompt the client rendered itself when it sent
-    no suffix (a plain completion without FIM markers has no cursor to type through: None)."""
-    if request.suffix is not None:
-        return request.file_path, request.prefix, request.suffix
-    parsed = parse_any(request.prefix)
-    if parsed is None:
-        return None
-    parts = parsed[1]
-    return parts.path or request.file_path, parts.prefix, parts.suffix
 
 
 def typed_through(

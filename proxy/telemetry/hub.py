@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from proxy.budget.templates import cursor_of
 from proxy.clock import LOOP_CLOCK, Clock
 from proxy.errors import ProxyError
 from proxy.models import Completion, NormalizedRequest, Outcome
@@ -98,16 +99,19 @@ class Telemetry:
 
 
 def arrival(request: NormalizedRequest, at: float, with_text: bool) -> dict[str, object]:
-    """One line of `serve --record`: when a request arrived and what it was, text only if asked."""
+    """One line of `serve --record`: when a request arrived and what it was, text only if asked. A prompt the
+    client rendered with FIM markers is recorded as the text before and after its cursor, so that the typing
+    in it can be read back (`bench.workloads.convert.from_recording`)."""
+    file, prefix, suffix = cursor_of(request) or (request.file_path, request.prefix, "")
     line: dict[str, object] = {
         "t": at,
         "session": request.session,
         "dialect": request.dialect,
-        "file": request.file_path,
-        "prefix_chars": len(request.prefix),
-        "suffix_chars": len(request.suffix or ""),
+        "file": file,
+        "prefix_chars": len(prefix),
+        "suffix_chars": len(suffix),
     }
     if with_text:
-        line["prompt"] = request.prefix
-        line["suffix"] = request.suffix or ""
+        line["prompt"] = prefix
+        line["suffix"] = suffix
     return line

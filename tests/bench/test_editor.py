@@ -127,6 +127,22 @@ async def test_reports_of_separate_runs_merge(tmp_path: Path, sim_url: str, caps
     assert any("from `run a`" in note for note in data["notes"])
 
 
+async def test_every_replay_reads_its_policies_against_the_oracle(tmp_path: Path, sim_url: str) -> None:
+    from bench.reports.replay_report import load
+    from bench.workloads.trace import Trace, write_trace
+    from proxy.cli import main
+
+    write_trace(Trace(burst_trace()), tmp_path / "bursts.jsonl")  # three bursts of eight keystrokes, three pauses
+    argv = ["bench", "replay", str(tmp_path / "bursts.jsonl"), "--upstream", sim_url, "--policy", "direct",
+            "--max-tokens", "4", "--out", str(tmp_path / "out")]  # fmt: skip
+    await asyncio.to_thread(main, argv)
+    results, _ = load(tmp_path / "out" / "results.json")
+    assert [r.policy for r in results] == ["direct", "oracle"]  # added without being asked for
+    assert results[0].upstream_requests == 24 and results[1].upstream_requests == 3
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| requests / oracle | p95 / oracle |" in report and "| 8.00 |" in report and "| 1.00 | 1.00 |" in report
+
+
 async def test_the_server_counters_are_read_once_it_has_finished(aiohttp_server: Any) -> None:
     """The plugin has given up on its requests; the server still works through the prefills it began (they
     cannot be interrupted): the waste is read after them, and how long that took is reported."""

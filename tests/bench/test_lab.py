@@ -159,3 +159,41 @@ def test_the_defaults_are_held_to_the_oracle_when_it_ran() -> None:
     assert missed == {"coverage": True, "p95": False, "requests": False, "waste": False}
     assert meets_targets(result("defaults", 33, 230.0, 100), direct)["requests"]  # without an oracle: 1/3 of direct
     assert meets_targets(result("defaults", 15, 0.0, 100), direct, oracle)["p95"]  # every pause answered at once
+
+
+def test_no_policy_without_foresight_sends_fewer_than_the_edits_followed_by_a_longer_gap() -> None:
+    from bench.reports.lab_report import summarize
+    from bench.runners.lab import ORACLE
+    from bench.runners.playback import gaps_after, no_foresight_floor
+    from tests.bench.bursts import burst_trace
+
+    events = burst_trace()  # three bursts of eight keystrokes 40 ms apart, each followed by a pause
+    gaps = list(gaps_after(events, max_gap_ms=2000).values())
+    assert no_foresight_floor(gaps, 0) == 24  # answering at once: a request for every edit
+    assert no_foresight_floor(gaps, 100) == 3  # waiting 100 ms sees each burst through: one per pause
+    runs = [run_lab(policy, events, PROFILES["fast"], "bursts", accuracy=0.0)
+            for policy in (Policy("direct", None), ORACLE, Policy("defaults", {}))]  # fmt: skip
+    summary = summarize(runs, [PROFILES["fast"]], 0.0, 16, 100, {"bursts": gaps})
+    (row,) = summary["targets"]
+    oracle = runs[1]
+    assert row["limit"] == 4 and row["floor"] == no_foresight_floor(gaps, 0.1 * (oracle.latency_p95_ms or 0))
+    assert row["floor"] > row["limit"] and not row["requests"]  # no policy could have met it at accuracy 0
+    assert summary["bound"]["fast"][0][0] == 1.0  # a hold of 0 ms: one request per edit
+
+
+def test_p95_is_compared_over_the_pauses_both_answered() -> None:
+    from bench.reports.lab_report import meets_targets
+    from bench.reports.results import LabResult
+
+    def result(name: str, latencies: dict[int, float]) -> LabResult:
+        return LabResult(policy=name, trace="t", profile="p", accuracy=0.0, edits=100, pauses=10,
+                         pause_coverage=len(latencies) / 10, latency_p50_ms=None,
+                         latency_p95_ms=max(latencies.values()), upstream_requests=10, requests_per_edit=0.1,
+                         completion_tokens=0, wasted_completion_tokens=0, prompt_tokens_computed=0, reused=0,
+                         timeouts=0, errors=0, peak_held=1, latencies_ms=list(latencies.values()),
+                         covered_pauses=list(latencies))  # fmt: skip
+
+    direct = result("direct", {3: 400.0})  # a server behind: direct answered one pause of ten
+    defaults = result("defaults", {1: 900.0, 2: 800.0, 3: 300.0, 4: 700.0})
+    assert meets_targets(defaults, direct)["p95"]  # on the pause direct answered, the defaults were sooner
+    assert not meets_targets(result("defaults", {1: 100.0, 3: 450.0}), direct)["p95"]

@@ -51,7 +51,18 @@ def test_a_pause_does_not_count_as_rhythm_and_the_first_request_goes_at_once() -
     assert dispatch.hold_s("s", busy=True) == pytest.approx(1.0)  # the pause counts as RHYTHM_CAP_S
 
 
-def test_every_request_is_held_at_least_the_floor() -> None:
+def test_the_floor_holds_a_session_that_bursts_and_no_other() -> None:
     clock = ManualClock()
-    floor = Dispatch(hold_min_s=0.002, clock=clock)
-    assert floor.hold_s("s", busy=False) == 0.002
+    dispatch = Dispatch(hold_min_s=0.002, clock=clock)
+
+    def after(*gaps_s: float) -> float:
+        for gap in gaps_s:
+            clock.t += gap
+            hold = dispatch.hold_s("s", busy=False)
+        return hold
+
+    assert dispatch.hold_s("s", busy=False) == 0  # no rhythm yet
+    assert after(0.15, 0.2, 0.12) == 0  # steady typing: nothing to merge
+    assert after(0.001) == 0.002  # edits arriving together: the next request is held to merge a burst
+    assert after(*[0.15] * 7) == 0.002  # the burst is still among the last 8 gaps
+    assert after(0.15) == 0  # and now it is not

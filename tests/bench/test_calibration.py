@@ -1,0 +1,27 @@
+"""`bench calibrate`: real replays, taking turns, held to their median; the lab beside them."""
+
+from __future__ import annotations
+
+from bench.doubles.sim import PROFILES
+from bench.runners.calibration import measure, render
+from tests.bench.bursts import burst_trace
+
+
+async def test_the_lab_is_held_to_the_median_of_the_real_runs(sim_url: str) -> None:
+    seen: list[str] = []
+    result = await measure(burst_trace(), "bursts", sim_url, "sim", max_tokens=4, accuracy=0.0,
+                           progress=seen.append, spec=PROFILES["fast"], runs=3)  # fmt: skip
+    assert [line.split(":")[0] for line in seen] == [
+        "real direct (1/3)",
+        "real defaults (1/3)",
+        "real direct (2/3)",
+        "real defaults (2/3)",
+        "real direct (3/3)",
+        "real defaults (3/3)",
+    ]  # fmt: skip (the policies take turns)
+    direct = result["rows"][0]
+    assert len(direct["runs"]) == 3 and direct["real"]["upstream_requests"] == 24  # the plugin's, every run
+    assert direct["sim"]["upstream_requests"] == 24
+    table = render(result, "mellum-proxy bench calibrate bursts --runs 3")
+    assert "| real: median of 3 | real range |" in table
+    assert "| direct | upstream requests | 24 | 24-24 | 24 | yes |" in table
