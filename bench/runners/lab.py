@@ -215,9 +215,12 @@ class LabEditor:
     def in_flight(self) -> int:
         return sum(not task.done() for task in self.tasks)
 
-    def on_edit(self, index: int, file: str, text: str, cursor: int) -> None:
+    def typed_on(self) -> None:
         if self.policy.plugin_cancel and self._open is not None and not self._open.done():
             self._open.cancel()
+
+    def on_edit(self, index: int, file: str, text: str, cursor: int) -> None:
+        self.typed_on()
         prefix, suffix = window(text, cursor)
         result = RequestResult(index, file, self.clock.now_ms())
         self.results.append(result)
@@ -235,8 +238,9 @@ class LabEditor:
 
     async def _direct(self, result: RequestResult, prompt: str) -> None:
         writer = self.source.writer
-        try:  # as the plugin sends it: not streamed
-            task = self.engine.submit(prompt, self.max_tokens, writer.text(result.edit, prompt), stream=False)
+        try:  # as the plugin sends it: not streamed; the oracle streams, so that its cancel stops the server
+            task = self.engine.submit(prompt, self.max_tokens, writer.text(result.edit, prompt),
+                                      stream=self.policy.oracle)  # fmt: skip
         except SimRefused as exc:
             result.error = str(exc)
             return

@@ -37,6 +37,10 @@ class Editor(Protocol):
 
     def on_edit(self, index: int, file: str, text: str, cursor: int) -> None: ...
 
+    def typed_on(self) -> None:
+        """An edit it sends nothing for (the oracle's, between pauses): the person typed on, so the suggestion
+        still on its way will not be shown; a plugin that cancels cancels it."""
+
     @property
     def in_flight(self) -> int: ...
 
@@ -77,8 +81,8 @@ async def play(
     events: Sequence[Event], max_gap_ms: float, editor: Editor, clock: Clock,
     progress: Callable[[int, int], None] | None = None, only: set[int] | None = None,
 ) -> list[EditMark]:  # fmt: skip
-    """Type `events` out on `clock`, handing every edit (or those at the positions `only`) to `editor`; the
-    edits' marks."""
+    """Type `events` out on `clock`, handing every edit (or those at the positions `only`, telling the editor
+    of the others only that the person typed on) to `editor`; the edits' marks."""
     documents, marks = Documents(), []
     for position, (event, at) in enumerate(zip(events, schedule(events, max_gap_ms), strict=True)):
         await clock.until(at)
@@ -87,6 +91,8 @@ async def play(
             marks.append(EditMark(position, event.file, clock.now_ms()))
             if only is None or position in only:
                 editor.on_edit(position, event.file, documents.texts[event.file], documents.cursor[event.file])
+            else:
+                editor.typed_on()
         if progress:
             progress(position, editor.in_flight)
     return marks

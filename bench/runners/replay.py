@@ -162,7 +162,7 @@ async def run_policy(
         idle_wait_s = await wait_idle(session, upstream)
     async with aiohttp.ClientSession() as session, proxy_for(policy, upstream) as (url, app):
         plugin = Plugin(session, url + "/v1/completions", cancels=policy.plugin_cancel,
-                        debounce_ms=policy.plugin_debounce_ms, max_tokens=max_tokens)  # fmt: skip
+                        debounce_ms=policy.plugin_debounce_ms, max_tokens=max_tokens, stream=policy.oracle)  # fmt: skip
         await _warm_up(plugin, events)
         before = await read_metrics(session, upstream)
         samples: list[tuple[float, float, float]] = []

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 from proxy.budget.templates import MELLUM, FimParts
 from proxy.telemetry.stats import percentile
@@ -140,6 +141,19 @@ def window(
     return prefix, suffix
 
 
+async def _read_stream(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+    """A streamed completion's events gathered into the shape of a plain answer (`choices[0].text`, `usage`)."""
+    text, usage = [], None
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:") or line == b"data: [DONE]":
+            continue
+        event = orjson.loads(line[5:])
+        text += [choice.get("text") or "" for choice in event.get("choices") or []][:1]
+        usage = event.get("usage") or usage
+    return {"choices": [{"text": "".join(text)}], "usage": usage}
+
+
 def _since(start: float) -> Callable[[], float]:
     return lambda: (time.monotonic() - start) * 1000
 
@@ -156,6 +170,7 @@ class Plugin:
     prefix_lines: int = PREFIX_LINES
     suffix_lines: int = SUFFIX_LINES
     timeout_s: float = 10.0
+    stream: bool = False  # the oracle streams, so that a cancel stops the server (a plain request runs to its end)
     now_ms: Callable[[], float] = field(default_factory=lambda: _since(time.monotonic()))  # the replay's clock
     results: list[RequestResult] = field(default_factory=list)
     _open: asyncio.Task[None] | None = None
@@ -165,12 +180,16 @@ class Plugin:
         prefix, suffix = window(text, cursor, self.prefix_lines, self.suffix_lines)
         prompt = MELLUM.render(FimParts(prefix, suffix, file))
         return {"model": "mellum", "prompt": prompt, "max_tokens": self.max_tokens, "temperature": 0,
-                "stream": False, "stop": list(MELLUM.stops)}  # fmt: skip
+                "stream": self.stream, "stop": list(MELLUM.stops)}  # fmt: skip
+
+    def typed_on(self) -> None:
+        """An edit it sends nothing for: the open request, if any, will not be shown (cancelled if it cancels)."""
+        if self.cancels and self._open is not None and not self._open.done():
+            self._open.cancel()
 
     def on_edit(self, index: int, file: str, text: str, cursor: int) -> None:
         """The user just edited: request a completion (after the plugin's own debounce)."""
-        if self.cancels and self._open is not None and not self._open.done():
-            self._open.cancel()
+        self.typed_on()
         task = asyncio.create_task(self._request(index, file, self.body(text, cursor, file)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -191,7 +210,10 @@ class Plugin:
             async with self.session.post(self.url, json=body, headers=headers, timeout=timeout) as resp:
                 result.status = resp.status
                 result.outcome = resp.headers.get("X-Mellum-Outcome")
-                data = await resp.json(content_type=None)
+                if body["stream"] and resp.status == 200:
+                    data = await _read_stream(resp)
+                else:
+                    data = await resp.json(content_type=None)
             result.done_ms = self.now_ms()
             if resp.status == 200:
                 result.text = data["choices"][0]["text"]

@@ -197,3 +197,14 @@ def test_p95_is_compared_over_the_pauses_both_answered() -> None:
     defaults = result("defaults", {1: 900.0, 2: 800.0, 3: 300.0, 4: 700.0})
     assert meets_targets(defaults, direct)["p95"]  # on the pause direct answered, the defaults were sooner
     assert not meets_targets(result("defaults", {1: 100.0, 3: 450.0}), direct)["p95"]
+
+
+def test_the_oracle_lets_go_of_a_suggestion_once_typing_resumes() -> None:
+    from bench.runners.lab import ORACLE
+    from tests.bench.bursts import burst_trace
+
+    slow = replace(PROFILES["fast"], name="slow-decode", decode_tps=10)  # 16 tokens take 1.6 s, pauses are 0.6 s
+    oracle = run_lab(ORACLE, burst_trace(), slow, "bursts", accuracy=0.0)
+    assert oracle.upstream_requests == 3 and oracle.pause_coverage == 1 / 3  # only the last pause waits long enough
+    # the two it typed past were stopped at the next token once typing resumed (about 6 each), not decoded to 16
+    assert oracle.completion_tokens < 16 + 2 * 8
