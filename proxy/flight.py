@@ -208,9 +208,11 @@ class Flights:
         served_by = self.serves.served_by if self.serves is not None else None  # which of several answered
         try:
             async with aclosing(self._upstream_batches(request, flight)) as batches:
-                async for batch in batches:
+                async for whole in batches:
                     if served_by is not None and completion.served_by is None:
                         completion.served_by = served_by(request.id)
+                    batch, over = _within(whole, MAX_FLIGHT_BYTES - size)
+                    size += sum(_size(chunk) for chunk in batch)
                     has_text = False
                     for chunk in batch:
                         completion.add(chunk)
@@ -221,8 +223,7 @@ class Flights:
                     flight.push(list(batch))
                     if has_text and flight.stop_at_first_token:
                         break  # the prefill is in the cache: that is all it was kept for
-                    size += sum(len(chunk.raw) if chunk.raw is not None else len(chunk.text) for chunk in batch)
-                    if size > MAX_FLIGHT_BYTES:  # a server that ignores max_tokens: cut, as at the cap
+                    if over:  # a server that ignores max_tokens: cut, as at the cap
                         flight.push([Chunk("", finish_reason="length")])
                         break
                 else:
@@ -314,3 +315,17 @@ class Flights:
 def _cancel_unfollowed(flight: Flight, producer: asyncio.Task[None]) -> None:
     if flight.listeners == 0 and not producer.done():
         producer.cancel()
+
+
+def _size(chunk: Chunk) -> int:
+    return len(chunk.raw) if chunk.raw is not None else len(chunk.text)
+
+
+def _within(batch: Sequence[Chunk], room: int) -> tuple[Sequence[Chunk], bool]:
+    """The chunks of `batch` that fit in `room` bytes, and whether any did not (one network read can hold many:
+    the answer never grows past `MAX_FLIGHT_BYTES`)."""
+    for index, chunk in enumerate(batch):
+        room -= _size(chunk)
+        if room < 0:
+            return batch[:index], True
+    return batch, False

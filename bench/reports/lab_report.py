@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.doubles.sim_engine import SimProfile
 from bench.reports.results import LabResult
-from bench.runners.playback import no_foresight_floor
+from bench.workloads.editor import no_foresight_floor
 from proxy.telemetry.stats import percentile
 
 
@@ -102,16 +102,25 @@ def _targets(runs: Sequence[LabResult], gaps: dict[str, list[float]]) -> list[di
             continue
         oracle = index.get((prof, trace, "oracle"))
         row = {"profile": prof, "trace": trace, **meets_targets(run, base, oracle)}
-        if oracle is not None and oracle.latency_p95_ms is not None and trace in gaps:
-            row["floor"] = no_foresight_floor(gaps[trace], 0.1 * oracle.latency_p95_ms)
-            row["limit"] = math.floor(1.5 * oracle.upstream_requests)
+        if oracle is not None and trace in gaps:
+            row |= requests_floor(gaps[trace], oracle) or {}
         rows.append(row)
     return rows
 
 
+def requests_floor(gaps: Sequence[float], oracle: LabResult) -> dict[str, int] | None:
+    """The no-foresight floor on requests at the p95 target's allowance (a tenth of the oracle's p95), and the
+    requests target's limit (1.5x the oracle's requests); None without an oracle p95."""
+    if oracle.latency_p95_ms is None:
+        return None
+    return {"floor": no_foresight_floor(gaps, 0.1 * oracle.latency_p95_ms),
+            "limit": math.floor(1.5 * oracle.upstream_requests)}  # fmt: skip
+
+
 def _bound(runs: Sequence[LabResult], prof: str, gaps: dict[str, list[float]]) -> list[tuple[float, float]]:
-    """The no-foresight bound over the mean of the traces: for a hold of d ms, (requests per edit, the oracle's p95
-    + d), each the mean over the traces; a policy that never predicts the typing cannot sit left of and below it."""
+    """The no-foresight estimate over the mean of the traces: for a hold of d ms, (requests per edit, the oracle's
+    p95 + d), each the mean over the traces: roughly where a policy that never predicts the typing can get to (not a
+    strict bound: p95 lets 5 % of pauses be late, and a request may be served faster than the oracle's)."""
     oracles = [r for r in runs if r.profile == prof and r.policy == "oracle" and r.trace in gaps and r.latency_p95_ms]
     if not oracles:
         return []
@@ -185,11 +194,12 @@ def render(result: dict[str, Any], command: str) -> str:
               "1.1x the oracle's, upstream requests <= 1.5x the oracle's, wasted completion tokens <= 1/4 of "
               "direct's.", ""]  # fmt: skip
     marks = {True: "yes", False: "**no**"}
-    lines += ["`floor / limit`: the fewest upstream requests any policy that cannot foresee the typing can send "
-              "and still answer a pause within a tenth of the oracle's p95 of the moment typing stopped (it must "
-              "send for every edit followed by a longer gap, `bench/runners/playback.py`), beside the target's "
-              "limit. At accuracy 0 nothing is answered from an earlier completion, so where the floor is over "
-              "the limit no policy can meet both the requests and the p95 target.", ""]  # fmt: skip
+    lines += ["`floor / limit`: an estimate of the fewest upstream requests any policy that cannot foresee the "
+              "typing can send and still start every pause's request within a tenth of the oracle's p95 of the "
+              "moment typing stopped (it must send for every edit followed by a longer gap, "
+              "`bench/workloads/editor.py`), beside the target's limit. At accuracy 0 nothing is answered from an "
+              "earlier completion, so where the floor is over the limit no policy is expected to meet both the "
+              "requests and the p95 target.", ""]  # fmt: skip
     lines += ["| profile | trace | coverage | p95 | requests | waste | floor / limit |", "|" + "---|" * 7]
     for row in result["targets"]:
         bound = f"{row['floor']} / {row['limit']}" if "floor" in row else "-"
@@ -211,8 +221,9 @@ def render(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    """Upstream requests per edit against p95, one panel per server; colour: coverage; frontier ringed."""
+def plot(result: dict[str, Any], path: Path, highlight: str | None = None) -> None:
+    """Upstream requests per edit against p95, one panel per server; colour: coverage; frontier ringed;
+    `highlight`: one more policy to name (tune's choice)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -221,7 +232,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     profiles = list(result["profiles"])
     figure, axes = plt.subplots(1, len(profiles), figsize=(6 * len(profiles), 4.5), squeeze=False)
     for axis, prof in zip(axes[0], profiles, strict=True):
-        means = result["means"][prof]
+        # a policy that answered no pause has no p95 (NaN in memory, null once read back from JSON): not drawn
+        means = [m for m in result["means"][prof] if m["latency_p95_ms"] is not None
+                 and not math.isnan(m["latency_p95_ms"])]  # fmt: skip
         frontier = set(result["frontier"].get(prof, []))
         points = axis.scatter([m["requests_per_edit"] for m in means], [m["latency_p95_ms"] for m in means],
                               c=[m["pause_coverage"] for m in means], cmap="viridis", vmin=0, vmax=1, s=30)  # fmt: skip
@@ -229,12 +242,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
             if m["policy"] in frontier:
                 axis.scatter([m["requests_per_edit"]], [m["latency_p95_ms"]], s=120, facecolors="none",
                              edgecolors="red")  # fmt: skip
-            if m["policy"] in ("direct", "defaults", "oracle"):
-                axis.annotate(m["policy"], (m["requests_per_edit"], m["latency_p95_ms"]), fontsize=8)
+            if m["policy"] in ("direct", "defaults", "oracle", highlight):
+                label = "chosen: " + m["policy"] if m["policy"] == highlight else m["policy"]
+                axis.annotate(label, (m["requests_per_edit"], m["latency_p95_ms"]), fontsize=8)
         bound = result.get("bound", {}).get(prof) or []
         if bound:
             axis.plot([x for x, _ in bound], [y for _, y in bound], "k--", linewidth=1,
-                      label="no-foresight bound (hold d ms)")  # fmt: skip
+                      label="no-foresight estimate (hold d ms)")  # fmt: skip
         oracle = next((m for m in means if m["policy"] == "oracle"), None)
         if oracle is not None and oracle["latency_p95_ms"] is not None:
             axis.axvline(1.5 * oracle["requests_per_edit"], color="grey", linestyle=":", linewidth=1,

@@ -69,14 +69,6 @@ def pause_starts(events: Sequence[Event], max_gap_ms: float, pause_ms: float) ->
     return {position for position, gap in gaps_after(events, max_gap_ms).items() if gap >= pause_ms}
 
 
-def no_foresight_floor(gaps_ms: Sequence[float], allowance_ms: float) -> int:
-    """The fewest upstream requests of any policy that cannot foresee the typing (a model that never predicts it,
-    so nothing is answered from an earlier completion) and may answer a pause at most `allowance_ms` later than
-    the moment typing stopped: when an edit is `allowance_ms` old it cannot know whether the gap after it is a
-    pause, so it must have sent a request for every edit followed by a longer gap."""
-    return sum(gap > allowance_ms for gap in gaps_ms)
-
-
 async def play(
     events: Sequence[Event], max_gap_ms: float, editor: Editor, clock: Clock,
     progress: Callable[[int, int], None] | None = None, only: set[int] | None = None,

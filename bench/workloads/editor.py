@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +121,16 @@ def account(
             acct.latencies_ms.append(done - time_of[mark.index])
             acct.covered_pauses.append(mark.index)
     return acct
+
+
+def no_foresight_floor(gaps_ms: Sequence[float], allowance_ms: float) -> int:
+    """An estimate of the fewest upstream requests of any policy that cannot foresee the typing (a model that
+    never predicts it, so nothing is answered from an earlier completion) and may start a pause's request at
+    most `allowance_ms` after the moment typing stopped: when an edit is `allowance_ms` old it cannot know
+    whether the gap after it is a pause, so it must have sent a request for every edit followed by a longer gap.
+    An estimate, not a proof, for the targets: it counts every pause (p95 lets 5 % be late) and takes the
+    allowance from the oracle's p95 as if the server answered no request faster than the oracle's."""
+    return sum(gap > allowance_ms for gap in gaps_ms)
 
 
 def common_prefix(a: str, b: str) -> int:

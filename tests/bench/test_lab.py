@@ -164,7 +164,8 @@ def test_the_defaults_are_held_to_the_oracle_when_it_ran() -> None:
 def test_no_policy_without_foresight_sends_fewer_than_the_edits_followed_by_a_longer_gap() -> None:
     from bench.reports.lab_report import summarize
     from bench.runners.lab import ORACLE
-    from bench.runners.playback import gaps_after, no_foresight_floor
+    from bench.runners.playback import gaps_after
+    from bench.workloads.editor import no_foresight_floor
     from tests.bench.bursts import burst_trace
 
     events = burst_trace()  # three bursts of eight keystrokes 40 ms apart, each followed by a pause

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
 from bench.doubles.sim import PROFILES
+from bench.reports.lab_report import plot
 from bench.runners.policy import Policy
 from bench.runners.tune import config_toml, read_typing, tune
 from proxy.cli import main
@@ -31,6 +33,13 @@ def test_the_choice_meets_the_targets_or_is_the_defaults(tmp_path: Path) -> None
     settings = load_settings(config_file=path)  # what `serve --config` reads
     for key, value in result["settings"].items():
         assert getattr(settings, key) == value
+    panels = result["frontier"]  # one frontier panel per accuracy, every candidate on it
+    assert list(panels["profiles"]) == ["accuracy 0", "accuracy 0.3"]
+    assert {m["policy"] for m in panels["means"]["accuracy 0"]} >= {"direct", "oracle", "no-reuse"}
+    plot(panels, tmp_path / "frontier.png", highlight=chosen)
+    assert (tmp_path / "frontier.png").stat().st_size > 10_000
+    read_back = orjson.loads(orjson.dumps(panels))  # a policy that answered no pause: its NaN p95 is now null
+    plot(read_back, tmp_path / "again.png", highlight=chosen)
 
 
 def test_only_what_differs_from_the_defaults_is_written() -> None:
@@ -66,6 +75,26 @@ def test_a_candidate_that_meets_every_target_wins_over_defaults_that_do_not() ->
     runs = [r for a in (0.0, 0.3) for r in (run("direct", 100, 500.0, a), run("oracle", 10, 200.0, a),
                                             run("defaults", 12, 100.0, a) if a else run("defaults", 12, 600.0, a),
                                             run("held", 14, 210.0, a))]  # fmt: skip
-    chosen, met = choose(runs)
+    chosen, met, waived = choose(runs)
     assert not all(met["defaults"].values()) and all(met["held"].values())
-    assert chosen == "held"  # though the defaults' mean p95 (350 ms) is the lower
+    assert chosen == "held" and waived == []  # though the defaults' mean p95 (350 ms) is the lower
+
+
+def test_a_target_no_policy_could_meet_at_accuracy_0_is_not_held_against_any() -> None:
+    from bench.reports.results import LabResult
+    from bench.runners.tune import choose
+
+    def run(name: str, requests: int, accuracy: float) -> LabResult:
+        return LabResult(policy=name, trace="me", profile="p", accuracy=accuracy, edits=100, pauses=10,
+                         pause_coverage=0.9, latency_p50_ms=100.0, latency_p95_ms=200.0, upstream_requests=requests,
+                         requests_per_edit=requests / 100, completion_tokens=0, wasted_completion_tokens=0,
+                         prompt_tokens_computed=0, predicted_chars=0, reused=0, timeouts=0, errors=0,
+                         peak_held=1)  # fmt: skip
+
+    runs = [run("direct", 100, 0.0), run("oracle", 10, 0.0), run("defaults", 90, 0.0),
+            run("direct", 100, 0.3), run("oracle", 10, 0.3), run("defaults", 12, 0.3)]  # fmt: skip
+    steady = [150.0] * 99 + [1e9]  # every gap longer than the allowance (20 ms): the floor is 100 requests
+    chosen, met, waived = choose(runs, {"me": steady})
+    assert waived == [("me", 0.0)] and met["defaults"]["requests"] and chosen == "defaults"
+    _, met, waived = choose(runs, {"me": [1.0] * 99 + [1e9]})  # a burst a policy could have waited out
+    assert waived == [] and not met["defaults"]["requests"]

@@ -130,3 +130,26 @@ def test_a_timed_out_request_finishes_its_prefill_only_while_no_one_waits() -> N
         assert len(flight.completion.text) == 1  # and stopped there
 
     run_virtual(run())
+
+
+def test_an_answer_is_cut_at_the_cap_even_when_one_read_brings_many_chunks() -> None:
+    from proxy.flight import MAX_FLIGHT_BYTES
+
+    class Flood:
+        """A server that ignores max_tokens and sends 20 chunks of 64 KiB in each network read."""
+
+        async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
+            while True:
+                await asyncio.sleep(0.001)
+                yield [Chunk("x" * 65536) for _ in range(20)]
+
+    async def run() -> None:
+        policies = Policies(Debouncer(0), Supersede(1), AdmissionQueue(1, 4))
+        budget = ContextBudget(BudgetSettings(max_context_tokens=4096, max_tokens=64), CharsEstimator())
+        service = CompletionService(Flood(), policies, budget, Telemetry(RecentRecords()))  # type: ignore[arg-type]
+        answer = RecordingAnswer()
+        await service.complete(_request(0, "x = "), answer)
+        (call,) = answer.calls
+        assert call[0] == "finish" and 0 < len(call[2]) <= MAX_FLIGHT_BYTES  # before: one whole read over it
+
+    run_virtual(run())
