@@ -101,9 +101,15 @@ def _targets(runs: Sequence[LabResult], gaps: dict[str, list[float]]) -> list[di
         if name != "defaults" or base is None:
             continue
         oracle = index.get((prof, trace, "oracle"))
-        row = {"profile": prof, "trace": trace, **meets_targets(run, base, oracle)}
+        row: dict[str, Any] = {"profile": prof, "trace": trace, **meets_targets(run, base, oracle)}
         if oracle is not None and trace in gaps:
             row |= requests_floor(gaps[trace], oracle) or {}
+        others = [r for (p, t, n), r in index.items() if (p, t) == (prof, trace) and n not in ("direct", "oracle")]
+        if len(others) > 1:  # a grid ran: how many of its policies meet each target, and all four, here
+            checks = [meets_targets(other, base, oracle) for other in others]
+            met_by = {key: sum(check[key] for check in checks) for key in checks[0]}
+            row["met_by"] = met_by | {"all": sum(all(check.values()) for check in checks)}
+            row["policies"] = len(others)
         rows.append(row)
     return rows
 
@@ -200,13 +206,21 @@ def render(result: dict[str, Any], command: str) -> str:
               "`bench/workloads/editor.py`), beside the target's limit. At accuracy 0 nothing is answered from an "
               "earlier completion, so where the floor is over the limit no policy is expected to meet both the "
               "requests and the p95 target.", ""]  # fmt: skip
-    lines += ["| profile | trace | coverage | p95 | requests | waste | floor / limit |", "|" + "---|" * 7]
+    grid = any("met_by" in row for row in result["targets"])
+    if grid:
+        lines += ["With the grid, each cell also says how many of the policies met that target there, and the last "
+                  "column how many met all four.", ""]  # fmt: skip
+    header = "| profile | trace | coverage | p95 | requests | waste | floor / limit |" + (" all four |" if grid else "")
+    lines += [header, "|" + "---|" * (8 if grid else 7)]
     for row in result["targets"]:
         bound = f"{row['floor']} / {row['limit']}" if "floor" in row else "-"
         if "floor" in row and row["floor"] > row["limit"]:
             bound = f"**{bound}**"
-        lines.append(f"| {row['profile']} | {row['trace']} | " + " | ".join(
-            marks[row[k]] for k in ("coverage", "p95", "requests", "waste")) + f" | {bound} |")  # fmt: skip
+        met_by = row.get("met_by", {})
+        cells = [marks[row[k]] + (f" ({met_by[k]}/{row['policies']})" if k in met_by else "")
+                 for k in ("coverage", "p95", "requests", "waste")]  # fmt: skip
+        tail = f" {met_by['all']}/{row['policies']} |" if met_by else ""
+        lines.append(f"| {row['profile']} | {row['trace']} | " + " | ".join(cells) + f" | {bound} |" + tail)
     for prof, source in result["profiles"].items():
         lines += ["", f"## {prof}", "", f"Server: {source}.", ""]
         rows = [r for r in result["runs"] if r["profile"] == prof and r["policy"] in ("direct", "oracle", "defaults")]

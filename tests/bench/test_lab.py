@@ -209,3 +209,18 @@ def test_the_oracle_lets_go_of_a_suggestion_once_typing_resumes() -> None:
     assert oracle.upstream_requests == 3 and oracle.pause_coverage == 1 / 3  # only the last pause waits long enough
     # the two it typed past were stopped at the next token once typing resumed (about 6 each), not decoded to 16
     assert oracle.completion_tokens < 16 + 2 * 8
+
+
+def test_with_a_grid_each_target_says_how_many_policies_met_it() -> None:
+    from bench.reports.lab_report import render, summarize
+    from bench.runners.lab import ORACLE
+    from tests.bench.bursts import burst_trace
+
+    events = burst_trace()
+    policies = [Policy("direct", None), ORACLE, Policy("defaults", {}), Policy("fixed=300", {"debounce_ms": 300})]
+    runs = [run_lab(policy, events, PROFILES["fast"], "bursts", accuracy=0.0) for policy in policies]
+    (row,) = summarize(runs, [PROFILES["fast"]], 0.0, 16, 100)["targets"]
+    assert row["policies"] == 2 and set(row["met_by"]) == {"coverage", "p95", "requests", "waste", "all"}
+    assert row["met_by"]["requests"] >= row["requests"]  # the defaults are one of the two
+    table = render(summarize(runs, [PROFILES["fast"]], 0.0, 16, 100), "bench lab")
+    assert f"| {row['met_by']['all']}/2 |" in table
