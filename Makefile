@@ -4,13 +4,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint gpu-check clean
+.PHONY: run test lint docs gpu-check clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mellum-proxy needs Python >= 3.11")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,bench,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,bench,dev,docs]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -20,12 +20,16 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check proxy bench tests
-	$(BIN)/ruff format --check proxy bench tests
+	$(BIN)/ruff check mellum_proxy tests docs/hooks
+	$(BIN)/ruff format --check mellum_proxy tests docs/hooks
 	$(BIN)/mypy
 
+# The docs site (mkdocs + Material) into site/; --strict: a broken link or a setting without its entry fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 gpu-check: $(STAMP)
-	$(BIN)/python -m bench.runners.gpu_check
+	$(BIN)/python -m mellum_proxy.bench.runners.gpu_check
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .ruff_cache

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from proxy.observe import Changes
+from mellum_proxy.observe import Changes
 
 START_S = 30.0  # for the browser to open its DevTools port (a cold start on a busy machine)
 

@@ -1,5 +1,5 @@
 """The suite's stand-ins, in one place: servers built from the real one's source (cited at the class), an
-upstream and an answer for the completion core, and a GPU. The bench's own doubles (`bench/doubles/`:
+upstream and an answer for the completion core, and a GPU. The bench's own doubles (`mellum_proxy/bench/doubles/`:
 the scripted and the faulty OpenAI server, the simulator) serve the tests too."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.doubles.fake_upstream import FakeUpstream
-from proxy.errors import ProxyError
-from proxy.models import Batches, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
-from proxy.telemetry import GpuReading
+from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from mellum_proxy.errors import ProxyError
+from mellum_proxy.models import Batches, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
+from mellum_proxy.telemetry import GpuReading
 
 
 class MemoryUpstream:
@@ -150,7 +150,7 @@ class CountingVllm:
 
 def _byte_level(char: str) -> str:
     """How a byte-level BPE vocabulary writes a one-character token (`Ġ` for a space, `Ċ` for a newline)."""
-    from proxy.budget.tokenizers import _byte_level_alphabet
+    from mellum_proxy.budget.tokenizers import _byte_level_alphabet
 
     shown = {byte: ch for ch, byte in _byte_level_alphabet().items()}
     return "".join(shown[byte] for byte in char.encode())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import main
+from mellum_proxy.cli import main
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,7 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], capsys: pytest.Captur
 
 def test_serve_exits_0_on_sigterm(tmp_path: Path, unused_tcp_port: int) -> None:
     env = {**os.environ, "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{unused_tcp_port}",
+    command = [sys.executable, "-m", "mellum_proxy", "serve", "--listen", f"127.0.0.1:{unused_tcp_port}",
                "--upstream", "http://127.0.0.1:9"]  # fmt: skip
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
         try:
@@ -57,7 +57,7 @@ def test_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}"],
+            [sys.executable, "-m", "mellum_proxy", "serve", "--listen", f"127.0.0.1:{port}"],
             capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=30,
         )  # fmt: skip
     assert result.returncode == 2
@@ -69,8 +69,8 @@ def numeric_flags() -> list[tuple[list[str], str]]:
     """(the command's words, flag) for every option of every command that takes a number."""
     import argparse
 
-    from bench.cli import build_parser as bench_parser
-    from proxy.cli import build_parser
+    from mellum_proxy.bench.cli import build_parser as bench_parser
+    from mellum_proxy.cli import build_parser
 
     found: list[tuple[list[str], str]] = []
 

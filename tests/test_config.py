@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from proxy.config import Settings, SettingsError, load_settings
+from mellum_proxy.config import Settings, SettingsError, load_settings
 
 
 def write(path: Path, text: str) -> Path:
@@ -46,7 +46,7 @@ def test_upstream_trailing_v1_is_accepted() -> None:
 
 def test_upstreams_in_order_from_every_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--upstream` repeated, a comma-separated environment variable, a TOML string or list."""
-    from proxy.cli import build_parser
+    from mellum_proxy.cli import build_parser
 
     args = build_parser().parse_args(["serve", "--upstream", "http://router:8000/v1", "--upstream", "http://b:1"])
     assert load_settings({"upstream": args.upstream}).upstream == ("http://router:8000", "http://b:1")
@@ -125,7 +125,7 @@ SETTINGS_USERS_HAVE = (
 def test_every_setting_users_have_is_a_flag_a_variable_and_a_toml_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from proxy.cli import build_parser
+    from mellum_proxy.cli import build_parser
 
     assert sorted(Settings.model_fields) == sorted(SETTINGS_USERS_HAVE)
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]

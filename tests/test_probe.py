@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from proxy.cli import main
-from proxy.planner.probe import PROBE_HEADER, probe
+from mellum_proxy.cli import main
+from mellum_proxy.planner.probe import PROBE_HEADER, probe
 from tests.fakes import FakeGpu
 
 
@@ -32,7 +32,7 @@ def test_probe_rows_and_summary() -> None:
 
 
 def test_probe_without_nvml_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    from proxy.telemetry import GpuUnavailableError, NvmlBackend
+    from mellum_proxy.telemetry import GpuUnavailableError, NvmlBackend
 
     try:
         NvmlBackend(0).close()

@@ -7,8 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.cli import main
-from proxy.telemetry.stats import percentile, read_log, stats
+from mellum_proxy.cli import main
+from mellum_proxy.telemetry.stats import percentile, read_log, stats
 
 
 def write_log(path: Path) -> Path:

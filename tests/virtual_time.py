@@ -14,8 +14,8 @@ import aiohttp
 import looptime
 from aiohttp import web
 
-from proxy.config import Settings
-from proxy.http import build_app, serve_app
+from mellum_proxy.config import Settings
+from mellum_proxy.http import build_app, serve_app
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench.doubles.sim import PROFILES, SimServer
+from mellum_proxy.bench.doubles.sim import PROFILES, SimServer
 
 
 @pytest.fixture

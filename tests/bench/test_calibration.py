@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench.doubles.sim import PROFILES
-from bench.runners.calibration import measure, render
+from mellum_proxy.bench.doubles.sim import PROFILES
+from mellum_proxy.bench.runners.calibration import measure, render
 from tests.bench.bursts import burst_trace
 
 

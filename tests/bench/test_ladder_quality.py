@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bench.doubles.responder import Responder
-from bench.runners import ladder, quality
-from bench.workloads.corpus import code_texts
-from proxy.budget import HfTokenizer
+from mellum_proxy.bench.doubles.responder import Responder
+from mellum_proxy.bench.runners import ladder, quality
+from mellum_proxy.bench.workloads.corpus import code_texts
+from mellum_proxy.budget import HfTokenizer
 
 CODE = "\n".join(code_texts())
 
@@ -129,7 +129,7 @@ def test_request_bodies() -> None:
 def test_the_budget_bench_counts_a_reused_answer_as_no_prompt() -> None:
     """A keystroke typed through the last completion is answered without `usage` (no upstream request):
     `bench budget` once crashed on it with KeyError: 'usage'."""
-    from bench.runners.budget import CONTEXT, MAX_TOKENS, over_budget
+    from mellum_proxy.bench.runners.budget import CONTEXT, MAX_TOKENS, over_budget
 
     assert over_budget({"choices": [{"text": "rest"}]}) is False
     assert over_budget({"usage": {"prompt_tokens": CONTEXT - MAX_TOKENS}}) is False
@@ -141,7 +141,7 @@ async def test_the_quality_command_writes_its_run(fake_upstream: Any, tmp_path: 
 
     import orjson
 
-    from proxy.cli import main
+    from mellum_proxy.cli import main
 
     _, url = await fake_upstream(pieces=["return", " x\n", "    return x\n"])
     out = tmp_path / "q"

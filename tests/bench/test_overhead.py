@@ -7,8 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.runners.overhead import measure, render
-from proxy.cli import main
+from mellum_proxy.bench.runners.overhead import measure, render
+from mellum_proxy.cli import main
 
 
 async def test_every_round_measures_both_relays_and_the_proxy() -> None:
@@ -45,7 +45,7 @@ def test_impossible_numbers_are_one_line_and_exit_2(flag: str, capsys: pytest.Ca
 
 
 def test_added_latency_is_read_at_the_50th_and_95th_percentiles() -> None:
-    from bench.runners.overhead import PathRound, _row
+    from mellum_proxy.bench.runners.overhead import PathRound, _row
 
     direct = PathRound(ttft_ms=[1.0] * 100, total_ms=[2.0] * 100)
     slow_tail = [1.0 + i / 100 for i in range(100)]  # added 0.00 .. 0.99 ms

@@ -8,8 +8,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench.runners.replay import count_unmetered
-from bench.workloads.editor import RequestResult
+from mellum_proxy.bench.runners.replay import count_unmetered
+from mellum_proxy.bench.workloads.editor import RequestResult
 
 
 @pytest.mark.embedded

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.runners.soak import measure
+from mellum_proxy.bench.runners.soak import measure
 
 
 async def test_a_short_soak_answers_and_logs_everything() -> None:

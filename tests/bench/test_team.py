@@ -1,6 +1,6 @@
 """`bench replay --developers` and the pieces of `bench team`: each developer's own proxy and routing key,
 the worker relay's counts, and how a report reads failover and failures. (`bench team` itself runs the
-real vllm-router and three llama.cpp servers: its report is in bench/reports/team.)"""
+real vllm-router and three llama.cpp servers: its report is in docs/measurements/runs/team.)"""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any
 
 import aiohttp
 
-from bench.reports.results import PolicyResult
-from bench.reports.team_report import developers_markdown, failover_times, failures
-from bench.runners.policy import parse_policy
-from bench.runners.replay import run_developers
-from bench.runners.team import Tap
+from mellum_proxy.bench.reporting.results import PolicyResult
+from mellum_proxy.bench.reporting.team_report import developers_markdown, failover_times, failures
+from mellum_proxy.bench.runners.policy import parse_policy
+from mellum_proxy.bench.runners.replay import run_developers
+from mellum_proxy.bench.runners.team import Tap
 from tests.bench.bursts import burst_trace
 
 

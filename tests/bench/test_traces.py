@@ -10,12 +10,21 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.workloads.convert import from_josephg, from_progsnap2, from_recording
-from bench.workloads.corpus import code_files
-from bench.workloads.synth import synthesize
-from bench.workloads.trace import Edit, Open, Trace, TraceError, next_typed, read_trace, replay_text, write_trace
+from mellum_proxy.bench.workloads.convert import from_josephg, from_progsnap2, from_recording
+from mellum_proxy.bench.workloads.corpus import code_files
+from mellum_proxy.bench.workloads.synth import synthesize
+from mellum_proxy.bench.workloads.trace import (
+    Edit,
+    Open,
+    Trace,
+    TraceError,
+    next_typed,
+    read_trace,
+    replay_text,
+    write_trace,
+)
 
-TRACES = Path(__file__).resolve().parents[2] / "bench" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "mellum_proxy" / "bench" / "traces"
 
 
 @pytest.mark.parametrize("name", ["json-crdt-blog-post", "sveltecomponent"])
@@ -99,9 +108,9 @@ def test_trace_header_is_kept(tmp_path: Path) -> None:
 
 
 def test_a_recording_of_prompts_the_plugin_rendered_itself_shows_the_typing(tmp_path: Path) -> None:
-    from proxy.budget.templates import MELLUM, FimParts
-    from proxy.models import NormalizedRequest
-    from proxy.telemetry.hub import arrival
+    from mellum_proxy.budget.templates import MELLUM, FimParts
+    from mellum_proxy.models import NormalizedRequest
+    from mellum_proxy.telemetry.hub import arrival
 
     def rendered(at: float, prefix: str) -> dict[str, object]:
         prompt = MELLUM.render(FimParts(prefix, "\n    return total\n", "src/calc.py"))

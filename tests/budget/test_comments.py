@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.budget import cursor_in_comment_or_string
+from mellum_proxy.budget import cursor_in_comment_or_string
 from tests.conftest import CORPUS
 
 # (file, text right before the cursor, inside a comment or string?)

@@ -6,9 +6,9 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
-from proxy.budget import BUILTIN, BudgetSettings, CharsEstimator, ContextBudget, FimParts, HfTokenizer
-from proxy.budget.tokenizers import _char_offsets
-from proxy.models import NormalizedRequest
+from mellum_proxy.budget import BUILTIN, BudgetSettings, CharsEstimator, ContextBudget, FimParts, HfTokenizer
+from mellum_proxy.budget.tokenizers import _char_offsets
+from mellum_proxy.models import NormalizedRequest
 from tests.conftest import corpus_texts
 
 TEXT = "\n".join(corpus_texts())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from tokenizers.pre_tokenizers import ByteLevel
 
-from proxy.budget.gguf_vocab import UnsupportedVocabulary, build_tokenizer
+from mellum_proxy.budget.gguf_vocab import UnsupportedVocabulary, build_tokenizer
 
 NORMAL, CONTROL, BYTE = 1, 3, 6
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from proxy.budget import BUILTIN, BudgetSettings, ContextBudget, HfTokenizer, UpstreamTokenizer
-from proxy.models import NormalizedRequest
+from mellum_proxy.budget import BUILTIN, BudgetSettings, ContextBudget, HfTokenizer, UpstreamTokenizer
+from mellum_proxy.models import NormalizedRequest
 from tests.conftest import corpus_texts
 
 TEXT = "\n".join(corpus_texts()) * 4

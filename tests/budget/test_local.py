@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from proxy.budget.gguf_vocab import UnsupportedVocabulary
-from proxy.budget.local import find_local, load_local, served_model_path
-from proxy.errors import UpstreamStatusError
+from mellum_proxy.budget.gguf_vocab import UnsupportedVocabulary
+from mellum_proxy.budget.local import find_local, load_local, served_model_path
+from mellum_proxy.errors import UpstreamStatusError
 
 
 class Server:

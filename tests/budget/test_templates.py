@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.budget import BUILTIN, FimParts, parse_any, template_for
+from mellum_proxy.budget import BUILTIN, FimParts, parse_any, template_for
 
 PARTS = FimParts(prefix="def f(x):\n    ", suffix="\n    return y\n", path="src/app.py")
 
@@ -74,7 +74,7 @@ def test_parsing_is_linear_in_a_prompt_of_repeated_markers() -> None:
 
 
 async def test_the_template_follows_the_models_vocabulary() -> None:
-    from proxy.budget.templates import PREFIX_ONLY, template_the_model_knows
+    from mellum_proxy.budget.templates import PREFIX_ONLY, template_the_model_knows
 
     async def starcoder_vocab(marker: str) -> bool:
         return marker in ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")

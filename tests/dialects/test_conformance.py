@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from proxy.http import PROBES, RECORDS
-from proxy.upstream.embedded import EmbeddedServer
+from mellum_proxy.http import PROBES, RECORDS
+from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.dialects.plugins import PLUGINS, Plugin, continue_show, request_body
 

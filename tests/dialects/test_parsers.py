@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.dialects import llamacpp, ollama, openai
-from proxy.dialects.base import FieldReader, header, session_key
-from proxy.errors import InvalidRequestError
+from mellum_proxy.dialects import llamacpp, ollama, openai
+from mellum_proxy.dialects.base import FieldReader, header, session_key
+from mellum_proxy.errors import InvalidRequestError
 
 CLIENTS = Path(__file__).resolve().parents[1] / "fixtures" / "clients"
 HEADERS = {"User-Agent": "test-plugin/1.0"}

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.cli import main
-from proxy.config import Settings
-from proxy.editor import service
-from proxy.editor.configs import CONFIGS, render
+from mellum_proxy.cli import main
+from mellum_proxy.config import Settings
+from mellum_proxy.editor import service
+from mellum_proxy.editor.configs import CONFIGS, render
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "editor-configs"
@@ -28,6 +28,23 @@ def jsonc(text: str) -> object:
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_shipped_config_equals_its_template_with_defaults(name: str) -> None:
     assert (CONFIG_DIR / CONFIGS[name]).read_text() == render(name, Settings())
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_shipped_embedded_config_fits_make_run(name: str) -> None:
+    """`editor-configs/embedded/` is what `make run` (`serve --embedded`) needs: its longer deadline and shorter
+    completions, not the defaults for a GPU server."""
+    embedded = Settings(embedded=True)
+    assert (CONFIG_DIR / "embedded" / CONFIGS[name]).read_text() == render(name, embedded)
+    assert (embedded.timeout_ms, embedded.max_tokens) == (3000, 48)
+
+
+def test_editor_config_takes_serves_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """The same flags as `serve`, `--embedded` included, give the settings `serve` would run with."""
+    main(["editor-config", "minuet", "--embedded", "--listen", "127.0.0.1:9124"])
+    out = capsys.readouterr().out
+    assert "http://127.0.0.1:9124/v1/completions" in out and "request_timeout = 3.5" in out
+    assert "max_tokens = 48" in out
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -131,7 +148,7 @@ def test_systemd_unit_runs_serve_with_the_config(tmp_path: Path) -> None:
     files = service.plan(config, unit_dir=tmp_path / "units", platform="systemd")
     service.write(files)
     unit = files.unit_path.read_text()
-    assert f"-m proxy serve --config {config}" in unit
+    assert f"-m mellum_proxy serve --config {config}" in unit
     assert "Restart=on-failure" in unit and "WantedBy=default.target" in unit
     if shutil.which("systemd-analyze"):
         result = subprocess.run(["systemd-analyze", "verify", str(files.unit_path)], capture_output=True, text=True,

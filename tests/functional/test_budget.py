@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from proxy.http import PROBES, RECORDS, SERVICE
-from proxy.upstream.embedded import EmbeddedServer
+from mellum_proxy.http import PROBES, RECORDS, SERVICE
+from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory, corpus_texts
 
 pytestmark = pytest.mark.embedded
@@ -105,7 +105,7 @@ async def test_the_packaged_model_without_fim_tokens_gets_prefix_only_prompts(
     completion was `print(fibonacci(n))\\n    <fim_end>...`). A template the user chose is kept, with a warning."""
     import logging
 
-    from proxy.budget.templates import PREFIX_ONLY
+    from mellum_proxy.budget.templates import PREFIX_ONLY
 
     with caplog.at_level(logging.INFO, "mellum_proxy"):
         proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0)

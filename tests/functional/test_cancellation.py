@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.http import PROBES
-from proxy.upstream.embedded import EmbeddedServer
+from mellum_proxy.http import PROBES
+from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.sse import events
 

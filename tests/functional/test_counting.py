@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from bench.runners import ladder
-from proxy.budget.tokenizers import CountingTokenizer, UpstreamTokenizer, _vocab_byte_lengths, upstream_counter
-from proxy.http import PROBES, RECORDS
-from proxy.upstream import UpstreamClient
+from mellum_proxy.bench.runners import ladder
+from mellum_proxy.budget.tokenizers import CountingTokenizer, UpstreamTokenizer, _vocab_byte_lengths, upstream_counter
+from mellum_proxy.http import PROBES, RECORDS
+from mellum_proxy.upstream import UpstreamClient
 from tests.conftest import ProxyFactory
 from tests.fakes import CountingVllm
 

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from bench.doubles.fake_upstream import FakeUpstream
-from proxy.http import PROBES, RECORDS
-from proxy.upstream.embedded import EmbeddedServer
+from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from mellum_proxy.http import PROBES, RECORDS
+from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.sse import events
 from tests.virtual_time import Answer, proxy_before, run_virtual

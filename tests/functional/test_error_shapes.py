@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.http import RECORDS
+from mellum_proxy.http import RECORDS
 from tests.conftest import ProxyFactory
 from tests.shapes import NAMES, SHAPES, llamacpp_shape, ollama_shape
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bench.doubles.fake_upstream import FakeUpstream
-from proxy.http import RECORDS, TELEMETRY, UPSTREAMS
-from proxy.telemetry.stats import read_log
+from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from mellum_proxy.http import RECORDS, TELEMETRY, UPSTREAMS
+from mellum_proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
 
 BODY = {"prompt": "def f(", "suffix": ")"}
@@ -141,9 +141,9 @@ async def test_a_request_error_is_not_failed_over(make_proxy: ProxyFactory, fake
 
 
 async def test_embedded_after_the_upstreams_is_the_last_fallback(tmp_path: Any) -> None:
-    from proxy.config import Settings
-    from proxy.http.lifecycle import upstream_urls
-    from proxy.sections import sections
+    from mellum_proxy.config import Settings
+    from mellum_proxy.http.lifecycle import upstream_urls
+    from mellum_proxy.sections import sections
 
     assert upstream_urls(sections(Settings(embedded=True)).upstream, "http://127.0.0.1:5555") == [
         "http://127.0.0.1:5555"

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bench.doubles.fault_upstream import SilentServer, captive_portal
-from proxy.http import POLICIES, RECORDS, SERVICE, UPSTREAMS
-from proxy.observe import Changes
+from mellum_proxy.bench.doubles.fault_upstream import SilentServer, captive_portal
+from mellum_proxy.http import POLICIES, RECORDS, SERVICE, UPSTREAMS
+from mellum_proxy.observe import Changes
 from tests.conftest import ProxyFactory
 
 BODY = {"prompt": "def f(", "suffix": ")"}

@@ -1,5 +1,5 @@
-"""The fault matrix: every upstream fault of `bench.doubles.fault_upstream` through every completion dialect,
-streamed and not, and through the pass-through chat route.
+"""The fault matrix: every upstream fault of `mellum_proxy.bench.doubles.fault_upstream` through every completion
+dialect, streamed and not, and through the pass-through chat route.
 
 Each cell asserts what the editor gets (status, the dialect's own error shape or a stream that ends
 in the dialect's own way), what the record and the log line say, and that the next request is
@@ -16,9 +16,9 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
-from bench.doubles.fault_upstream import FAULTS, FaultUpstream
-from proxy.http import RECORDS, TELEMETRY
-from proxy.telemetry.stats import read_log
+from mellum_proxy.bench.doubles.fault_upstream import FAULTS, FaultUpstream
+from mellum_proxy.http import RECORDS, TELEMETRY
+from mellum_proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
 from tests.shapes import SHAPES
 

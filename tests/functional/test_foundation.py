@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.upstream.embedded import EmbeddedServer
+from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.sse import collect_text, events
 
@@ -76,7 +76,7 @@ async def test_first_chunk_reaches_client_while_upstream_still_generates(
 
 
 async def test_record_knows_time_to_first_token(embedded_proxy: Any) -> None:
-    from proxy.http import RECORDS
+    from mellum_proxy.http import RECORDS
 
     resp = await embedded_proxy.post("/v1/completions", json={"prompt": PROMPT, **GREEDY, "stream": True})
     await collect_text(resp)
@@ -135,7 +135,7 @@ async def test_upstream_error_status_and_message_are_passed_on(embedded_proxy: A
 async def test_a_completion_past_the_servers_context_per_request_is_fitted(embedded_proxy: Any) -> None:
     """The suite's server has 2 slots of 2,048 tokens; the proxy was told 1<<20. It reads the server's
     context per request (`/props` `default_generation_settings.n_ctx`) and fits the prompt into it."""
-    from proxy.http import RECORDS
+    from mellum_proxy.http import RECORDS
 
     resp = await embedded_proxy.post("/v1/completions", json={"prompt": "hello " * 3000, "max_tokens": 4})
     assert resp.status == 200

@@ -18,10 +18,10 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.doubles.fake_upstream import FakeUpstream
-from proxy.config import Settings
-from proxy.http import RECORDS, build_app
-from proxy.http.server import serve_app
+from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from mellum_proxy.config import Settings
+from mellum_proxy.http import RECORDS, build_app
+from mellum_proxy.http.server import serve_app
 
 PATHS = ["/v1/completions", "/infill", "/completion", "/api/generate", "/v1/chat/completions", "/api/show",
          "/v1/embeddings"]  # fmt: skip

@@ -15,11 +15,11 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bench.doubles.fake_upstream import FakeUpstream
-from proxy.config import Settings
-from proxy.http import RECORDS, TELEMETRY
-from proxy.http.server import serve, serve_app
-from proxy.telemetry.stats import read_log
+from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from mellum_proxy.config import Settings
+from mellum_proxy.http import RECORDS, TELEMETRY
+from mellum_proxy.http.server import serve, serve_app
+from mellum_proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
 from tests.shapes import SHAPES, ollama_shape, openai_shape
 
@@ -188,8 +188,8 @@ async def test_a_defect_after_the_first_event_ends_the_stream_and_is_recorded(
 ) -> None:
     """An exception nobody expected, once the editor has its first event: the stream ends in Ollama's own
     way (an error line, then `done: true`), never with a second HTTP response inside the body."""
-    from bench.doubles.fault_upstream import FaultUpstream
-    from proxy.dialects.ollama import OllamaEncoder
+    from mellum_proxy.bench.doubles.fault_upstream import FaultUpstream
+    from mellum_proxy.dialects.ollama import OllamaEncoder
 
     calls = {"n": 0}
     partial = OllamaEncoder.partial
@@ -218,7 +218,7 @@ async def test_a_defect_after_the_first_event_ends_the_stream_and_is_recorded(
 async def test_slow_clients_and_too_many_connections_are_cut_off(fake_upstream: Any) -> None:
     """Slowloris: connections that never finish their headers are closed after the header deadline, and
     beyond the connection limit new ones are closed at once, so the proxy keeps accepting and serving."""
-    from proxy.http import CONNECTIONS, build_app
+    from mellum_proxy.http import CONNECTIONS, build_app
 
     _, url = await fake_upstream()
     app = build_app(Settings(upstream=url, tokenizer="chars"))
@@ -242,7 +242,7 @@ async def test_slow_clients_and_too_many_connections_are_cut_off(fake_upstream: 
 
 
 async def test_a_body_that_trickles_is_answered_408(fake_upstream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.http import build_app, routes
+    from mellum_proxy.http import build_app, routes
 
     monkeypatch.setattr(routes, "BODY_READ_S", 0.3)
     _, url = await fake_upstream()

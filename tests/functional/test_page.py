@@ -14,13 +14,13 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.http import RECORDS
+from mellum_proxy.http import RECORDS
 from tests.browser import chromium, chromium_binary
 from tests.conftest import ProxyFactory
 
 CHROMIUM = chromium_binary()
 ARTIFACTS = Path(os.environ.get("MELLUM_PROXY_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
-REPORTS = Path(__file__).resolve().parents[2] / "bench" / "reports"
+REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "reports"
 SECRET = "def secret_function_name(x):\n    return "
 
 
@@ -75,7 +75,7 @@ async def test_the_page_lists_each_completion_as_it_is_answered(make_proxy: Prox
         assert embedded_server.url in upstream and "serving" in upstream
         assert await page.until("document.querySelector('#evidence li')?.textContent", 10)  # doctor's reading
 
-        reports = [REPORTS / "replay-embedded-16tok-proxy" / "results.json", REPORTS / "lab" / "lab.json"]
+        reports = [REPORTS / "results.json", REPORTS / "lab.json"]
         document = await page.call("DOM.getDocument")
         chooser = await page.call("DOM.querySelector", nodeId=document["root"]["nodeId"], selector="#report-file")
         await page.call("DOM.setFileInputFiles", files=[str(path) for path in reports], nodeId=chooser["nodeId"])

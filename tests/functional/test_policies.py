@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bench.doubles.fake_upstream import FakeUpstream
-from proxy.http import POLICIES, RECORDS
+from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from mellum_proxy.http import POLICIES, RECORDS
 from tests.conftest import ProxyFactory
 from tests.sse import collect_text, events
 from tests.virtual_time import Answer, proxy_before, run_virtual

@@ -10,8 +10,8 @@ import ollama
 import openai
 import pytest
 
-from proxy.http import PROBES, RECORDS
-from proxy.upstream.embedded import EmbeddedServer
+from mellum_proxy.http import PROBES, RECORDS
+from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 
 PREFIX = "def add(a, b):\n    return "

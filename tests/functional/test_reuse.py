@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.http import RECORDS
-from proxy.telemetry.stats import read_log
+from mellum_proxy.http import RECORDS
+from mellum_proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
 from tests.sse import dialect_text
 

@@ -12,9 +12,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bench.doubles.fake_upstream import FakeUpstream
-from bench.doubles.responder import answering, routes
-from proxy.http import POLICIES, RECORDS
+from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from mellum_proxy.bench.doubles.responder import answering, routes
+from mellum_proxy.http import POLICIES, RECORDS
 from tests.conftest import ProxyFactory
 
 
@@ -157,8 +157,8 @@ async def test_llama_vscodes_request_with_n_cmpl_gives_one_clean_completion(
 async def test_kinds_are_told_apart_by_what_they_answer(aiohttp_server: Any, embedded_server: Any) -> None:
     import aiohttp
 
-    from proxy.upstream import UpstreamClient
-    from proxy.upstream.kinds import detect_kind
+    from mellum_proxy.upstream import UpstreamClient
+    from mellum_proxy.upstream.kinds import detect_kind
 
     def answering(body: Any) -> Any:
         async def handler(request: web.Request) -> web.Response:

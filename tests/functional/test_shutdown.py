@@ -12,9 +12,9 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.config import Settings
-from proxy.http.server import serve
-from proxy.upstream.embedded import EmbeddedServer
+from mellum_proxy.config import Settings
+from mellum_proxy.http.server import serve
+from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.sse import collect_text, events
 
 pytestmark = pytest.mark.embedded
@@ -131,9 +131,9 @@ async def test_sigterm_during_50_long_streams_ends_each_one_and_exits_cleanly(
     log = tmp_path / "requests.jsonl"
     base = f"http://127.0.0.1:{unused_tcp_port}"
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--listen", base[7:], "--timeout-ms", "0",
-        "--tokenizer", "chars", "--max-tokens", "100000", "--shutdown-timeout-s", "1", "--log", str(log),
-        "--no-reuse", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable, "-m", "mellum_proxy", "serve", "--upstream", upstream, "--listen", base[7:],
+        "--timeout-ms", "0", "--tokenizer", "chars", "--max-tokens", "100000", "--shutdown-timeout-s", "1",
+        "--log", str(log), "--no-reuse", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     paths = ["/v1/completions", "/infill", "/completion", "/api/generate"]
     body = {"prompt": "x = ", "input_prefix": "x = ", "model": "m", "stream": True}

@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.http import POLICIES, RECORDS, TELEMETRY
-from proxy.telemetry.stats import read_log
-from proxy.upstream.embedded import EmbeddedServer
+from mellum_proxy.http import POLICIES, RECORDS, TELEMETRY
+from mellum_proxy.telemetry.stats import read_log
+from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeGpu
 from tests.sse import collect_text
@@ -103,13 +103,13 @@ def sample(exposition: str, name: str) -> float:
 
 
 def _unavailable() -> Any:
-    from proxy.telemetry import GpuUnavailableError
+    from mellum_proxy.telemetry import GpuUnavailableError
 
     raise GpuUnavailableError("no GPU in this test")
 
 
 async def test_baseline_against_the_real_server(embedded_server: EmbeddedServer, tmp_path: Path) -> None:
-    from proxy.planner.probe import baseline
+    from mellum_proxy.planner.probe import baseline
 
     book = await baseline(str(embedded_server.url), idle_s=0, gpu=0, pid=None, embedded_model=None)
     assert [r.phase for r in book.readings] == ["before start", "after load", "after idle", "after first request"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.http import RECORDS
+from mellum_proxy.http import RECORDS
 from tests.conftest import ProxyFactory
 from tests.shapes import SHAPES, ollama_shape, openai_shape
 

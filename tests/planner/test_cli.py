@@ -7,8 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.cli import main
-from proxy.planner.inspect import BUNDLED
+from mellum_proxy.cli import main
+from mellum_proxy.planner.inspect import BUNDLED
 
 
 def test_inspect_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:

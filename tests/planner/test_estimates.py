@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proxy.planner.inspect import BUNDLED, InspectError, bundled_shape, inspect_path, report
-from proxy.planner.kvcache import kv_bytes, kv_bytes_per_token
-from proxy.planner.weights import precision_tag
+from mellum_proxy.planner.inspect import BUNDLED, InspectError, bundled_shape, inspect_path, report
+from mellum_proxy.planner.kvcache import kv_bytes, kv_bytes_per_token
+from mellum_proxy.planner.weights import precision_tag
 
 KIB, GIB = 1024, 2**30
 

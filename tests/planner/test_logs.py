@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import main
-from proxy.planner.logs import parse_log
-from proxy.upstream.embedded import packaged_model
+from mellum_proxy.cli import main
+from mellum_proxy.planner.logs import parse_log
+from mellum_proxy.upstream.embedded import packaged_model
 
 # Quoted from public bug reports (the lines as their authors pasted them):
 VLLM_LOG = """\
@@ -39,7 +39,7 @@ Jul 24 21:50:08 vega ollama[132945]: llama_kv_cache_init:      ROCm0 KV buffer s
 # cores busy, and it is not what this test is about.
 STARTUP = """
 import os, sys
-from proxy.upstream.embedded import EmbeddedServer
+from mellum_proxy.upstream.embedded import EmbeddedServer
 server = EmbeddedServer(ctx_tokens=4096, slots=2, verbosity=4)
 server.start()
 sys.stdout.flush(); sys.stderr.flush()

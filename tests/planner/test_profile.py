@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
-from bench.doubles.sim import profile as sim_profile
-from proxy.cli import main
-from proxy.planner.profile import _fit, profile
+from mellum_proxy.bench.doubles.sim import profile as sim_profile
+from mellum_proxy.cli import main
+from mellum_proxy.planner.profile import _fit, profile
 
 
 @pytest.mark.embedded

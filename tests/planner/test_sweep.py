@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy.planner.defaults import choose
-from proxy.planner.doctor import diagnose
-from proxy.planner.inspect import bundled_shape
-from proxy.planner.shapes import ASSUMED_ARCH
-from proxy.planner.sweep import GIB, SweepSpec, best, label, sweep
+from mellum_proxy.planner.defaults import choose
+from mellum_proxy.planner.doctor import diagnose
+from mellum_proxy.planner.inspect import bundled_shape
+from mellum_proxy.planner.shapes import ASSUMED_ARCH
+from mellum_proxy.planner.sweep import GIB, SweepSpec, best, label, sweep
 
 
 @pytest.mark.parametrize(

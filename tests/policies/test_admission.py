@@ -7,7 +7,7 @@ import asyncio
 import anyio
 import pytest
 
-from proxy.policies import AdmissionQueue, QueueFullError
+from mellum_proxy.policies import AdmissionQueue, QueueFullError
 
 
 async def occupy(queue: AdmissionQueue, started: list[str], name: str, release: asyncio.Event) -> str:

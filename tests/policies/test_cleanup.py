@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.models import Chunk
-from proxy.policies.cleanup import Cleaner
+from mellum_proxy.models import Chunk
+from mellum_proxy.policies.cleanup import Cleaner
 
 
 def clean(prefix: str, suffix: str | None, text: str, step: int = 0) -> tuple[str, str | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from proxy.policies import Deadline
+from mellum_proxy.policies import Deadline
 
 
 class FixedClock:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.clock import LOOP_CLOCK
-from proxy.policies import Debouncer
+from mellum_proxy.clock import LOOP_CLOCK
+from mellum_proxy.policies import Debouncer
 from tests.virtual_time import run_virtual
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.policies import Dispatch
+from mellum_proxy.policies import Dispatch
 
 
 class ManualClock:

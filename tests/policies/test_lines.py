@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proxy.models import Chunk
-from proxy.policies.lines import LineGate, complete_lines
+from mellum_proxy.models import Chunk
+from mellum_proxy.policies.lines import LineGate, complete_lines
 
 
 def shown(gate: LineGate, *pieces: str) -> str:

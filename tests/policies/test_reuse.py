@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from proxy.flight import Flight
-from proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest
-from proxy.policies.reuse import ReuseCache, typed_through
+from mellum_proxy.flight import Flight
+from mellum_proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest
+from mellum_proxy.policies.reuse import ReuseCache, typed_through
 
 
 def test_typed_through_finds_what_was_typed() -> None:
@@ -82,7 +82,7 @@ def test_a_failed_completion_is_never_reused() -> None:
 
 
 def test_a_prompt_the_client_rendered_itself_is_read_at_its_cursor() -> None:
-    from proxy.budget.templates import MELLUM, FimParts
+    from mellum_proxy.budget.templates import MELLUM, FimParts
 
     cache = ReuseCache()
     cache.remember(_request(MELLUM.render(FimParts("x = ", "\n", "a.py")), suffix=None), _done("compute(1)"))
@@ -95,7 +95,7 @@ def test_memory_is_bounded_in_bytes_not_in_entries() -> None:
     4 MB prompts in non-Latin-1 text (4 bytes a character) once kept 2 GB for 128 requests."""
     import tracemalloc
 
-    from proxy.policies.reuse import ALIGN_CHARS, ENTRIES_PER_SESSION
+    from mellum_proxy.policies.reuse import ALIGN_CHARS, ENTRIES_PER_SESSION
 
     big = "значение = вычислить(1)\n" * 170_000  # ~4 MB of text, outside Latin-1
     tracemalloc.start()

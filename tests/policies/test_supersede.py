@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from proxy.policies import Supersede
+from mellum_proxy.policies import Supersede
 
 
 async def test_a_newer_request_supersedes_the_oldest_of_its_session_only() -> None:

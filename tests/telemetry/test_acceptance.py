@@ -7,9 +7,9 @@ from typing import Any
 
 import orjson
 
-from proxy.models import Chunk, Completion, NormalizedRequest
-from proxy.telemetry.acceptance import AcceptanceTracker, Judged
-from proxy.telemetry.stats import read_log, stats
+from mellum_proxy.models import Chunk, Completion, NormalizedRequest
+from mellum_proxy.telemetry.acceptance import AcceptanceTracker, Judged
+from mellum_proxy.telemetry.stats import read_log, stats
 from tests.conftest import ProxyFactory
 
 PREFIX = "def count(items):\n    total = 0\n    for item in items:\n        "

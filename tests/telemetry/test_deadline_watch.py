@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from proxy.models import NormalizedRequest, Outcome
-from proxy.telemetry.deadline_watch import DeadlineWatch
-from proxy.telemetry.record import RequestRecord
+from mellum_proxy.models import NormalizedRequest, Outcome
+from mellum_proxy.telemetry.deadline_watch import DeadlineWatch
+from mellum_proxy.telemetry.record import RequestRecord
 from tests.conftest import ProxyFactory
 
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from proxy.telemetry import GpuSampler, GpuUnavailableError, NvmlBackend
+from mellum_proxy.telemetry import GpuSampler, GpuUnavailableError, NvmlBackend
 from tests.fakes import FakeGpu
 
 

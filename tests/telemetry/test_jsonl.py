@@ -6,7 +6,7 @@ from pathlib import Path
 
 import orjson
 
-from proxy.telemetry import JsonlLog
+from mellum_proxy.telemetry import JsonlLog
 
 
 async def test_lines_are_appended_and_flushed_at_close(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.telemetry import JsonlLog
+from mellum_proxy.telemetry import JsonlLog
 
 
 def ids(path: Path) -> list[int]:
@@ -86,7 +86,7 @@ READ_ONLY_MID_RUN = """
 import asyncio, concurrent.futures.thread, os, sys  # imported before root is dropped: its home is closed to nobody
 from pathlib import Path
 import orjson
-from proxy.telemetry import JsonlLog
+from mellum_proxy.telemetry import JsonlLog
 
 async def main(folder: Path) -> None:
     path = folder / "requests.jsonl"
@@ -134,7 +134,7 @@ def test_a_directory_made_read_only_mid_run(tmp_path: Path) -> None:
 CHILD = r"""
 import asyncio, resource, signal, sys
 from pathlib import Path
-from proxy.telemetry import JsonlLog
+from mellum_proxy.telemetry import JsonlLog
 
 async def main(path):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from proxy.models import NormalizedRequest
-from proxy.telemetry.acceptance import Judged
-from proxy.telemetry.record import RecentRecords, RequestRecord
+from mellum_proxy.models import NormalizedRequest
+from mellum_proxy.telemetry.acceptance import Judged
+from mellum_proxy.telemetry.record import RecentRecords, RequestRecord
 
 
 def record(number: int) -> RequestRecord:

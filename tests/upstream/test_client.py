@@ -9,11 +9,11 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bench.doubles.responder import Responder
-from proxy.dialects.openai import DONE, sse, text_completion
-from proxy.models import BudgetedPrompt, NormalizedRequest
-from proxy.upstream.client import UpstreamClient
-from proxy.upstream.embedded import EmbeddedServer
+from mellum_proxy.bench.doubles.responder import Responder
+from mellum_proxy.dialects.openai import DONE, sse, text_completion
+from mellum_proxy.models import BudgetedPrompt, NormalizedRequest
+from mellum_proxy.upstream.client import UpstreamClient
+from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 
 REQUEST = NormalizedRequest(id="r", dialect="openai", session="s", prefix="def fib(n):", max_tokens=4)

@@ -8,14 +8,14 @@ import aiohttp
 import pytest
 from aiohttp.client_reqrep import ConnectionKey
 
-from proxy.errors import (
+from mellum_proxy.errors import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamStatusError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
-from proxy.upstream.errors import status_error, translate_errors
+from mellum_proxy.upstream.errors import status_error, translate_errors
 
 URL = "http://127.0.0.1:9/v1/completions"
 

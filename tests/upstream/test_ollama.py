@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.budget import CharsEstimator
-from proxy.errors import UpstreamProtocolError, UpstreamStatusError
-from proxy.models import BudgetedPrompt, NormalizedRequest
-from proxy.upstream.ollama import chunk_from_line, context_of, generate_payload, listed_model, loaded_model, read_ndjson
+from mellum_proxy.budget import CharsEstimator
+from mellum_proxy.errors import UpstreamProtocolError, UpstreamStatusError
+from mellum_proxy.models import BudgetedPrompt, NormalizedRequest
+from mellum_proxy.upstream.ollama import (
+    chunk_from_line,
+    context_of,
+    generate_payload,
+    listed_model,
+    loaded_model,
+    read_ndjson,
+)
 
 
 def prompt(suffix: str | None = None) -> BudgetedPrompt:

@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.dialects.openai import DONE, sse, text_completion
-from proxy.errors import UpstreamProtocolError, UpstreamStatusError
-from proxy.models import Chunk
-from proxy.upstream.sse import read_sse
+from mellum_proxy.dialects.openai import DONE, sse, text_completion
+from mellum_proxy.errors import UpstreamProtocolError, UpstreamStatusError
+from mellum_proxy.models import Chunk
+from mellum_proxy.upstream.sse import read_sse
 
 
 async def lines(*items: bytes) -> AsyncIterator[bytes]:

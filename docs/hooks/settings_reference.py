@@ -1,0 +1,52 @@
+r"""An mkdocs hook: under each `### \`name\`` heading of `configuration.md`, the setting's flag, environment
+variable, default and summary, read from `mellum_proxy.config.Settings`. A setting without a heading, or a
+heading that names no setting, fails the build, so the reference cannot drift from the code."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mellum_proxy.config import EMBEDDED_DEFAULTS, Settings
+
+PAGE = "configuration.md"
+HEADING = re.compile(r"^### `(\w+)`$", re.MULTILINE)
+
+
+class SettingsDrift(ValueError):
+    """The page and `Settings` name different settings."""
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "off"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ", ".join(value) or "none"
+    return str(value)
+
+
+def describe(name: str) -> str:
+    """One Markdown line: how to set `name`, its default, and what it is."""
+    field = Settings.model_fields[name]
+    flag = "--" + name.replace("_", "-")
+    flags = f"`{flag}` / `--no-{flag[2:]}`" if field.annotation is bool else f"`{flag}`"
+    default = "computed at start" if field.default_factory else f"`{_value(field.default)}`"
+    if name in EMBEDDED_DEFAULTS:
+        default += f" (`{_value(EMBEDDED_DEFAULTS[name])}` with `--embedded`)"
+    return f"{flags} · `MELLUM_PROXY_{name.upper()}` · TOML `{name}` · default {default}. {field.description}"
+
+
+def render(markdown: str) -> str:
+    """`markdown` with each setting's generated line under its heading."""
+    named = HEADING.findall(markdown)
+    missing = [name for name in Settings.model_fields if name not in named]
+    unknown = [name for name in named if name not in Settings.model_fields]
+    if missing or unknown or len(named) != len(set(named)):
+        raise SettingsDrift(f"{PAGE}: settings without a heading {missing}, headings of no setting {unknown}")
+    return HEADING.sub(lambda m: f"{m.group(0)}\n\n{describe(m.group(1))}", markdown)
+
+
+def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    return render(markdown) if page.file.src_uri == PAGE else markdown

@@ -1,0 +1,3 @@
+from mellum_proxy.cli import main
+
+main()

@@ -1,0 +1,81 @@
+"""What every bench command shares to show its result: the command line as a reader would retype it,
+`NAME.json` and `NAME.md` written together, and a progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from mellum_proxy.console import fail
+
+Render = Callable[[dict[str, Any], str], str]
+
+
+def command_line() -> str:
+    """The command line as a reader would retype it; the home directory is written `~`, so no report
+    carries a user's own paths."""
+    home = str(Path.home())
+    args = ["~" + arg[len(home) :] if arg == home or arg.startswith(home + "/") else arg for arg in sys.argv[2:]]
+    return "mellum-proxy bench " + " ".join(arg if arg.startswith("~/") else shlex.quote(arg) for arg in args)
+
+
+def write_report(out: Path, name: str, result: dict[str, Any], render: Render) -> None:
+    """`NAME.json` and `NAME.md` in `out`, and the Markdown on stdout."""
+    command = command_line()
+    text = render(result, command)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.json").write_bytes(orjson.dumps(result | {"command": command}))
+        (out / f"{name}.md").write_text(text)
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror}")
+    print(text, end="")
+    print(f"wrote {out}/{name}.md and {name}.json")
+
+
+def progress_bar(name: str, total: int) -> Callable[[int, int], None] | None:
+    """A tqdm bar on stderr fed `(position, in_flight)`; None without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    bar = tqdm(total=total, desc=name, unit="event", leave=True, file=sys.stderr)
+
+    def update(position: int, in_flight: int) -> None:
+        bar.n = position + 1
+        bar.set_postfix(in_flight=in_flight, refresh=False)
+        if position % 25 == 0 or position + 1 == total:
+            bar.refresh()
+        if position + 1 == total:
+            bar.close()
+
+    return update
+
+
+def command(
+    commands: Any, name: str, help: str, run: Callable[[argparse.Namespace], None], out: str | None = None
+) -> argparse.ArgumentParser:
+    """A bench command's parser, run by `run`; with `out`, an `--out` folder that defaults to `bench-out/OUT`."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
+    if out is not None:
+        parser.add_argument("--out", type=Path, default=Path("bench-out") / out)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def measured(
+    name: str, measure: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]], render: Render
+) -> Callable[[argparse.Namespace], None]:
+    """A command's handler: run `measure(args)`, then write `NAME.json` and `NAME.md` in `--out`."""
+
+    def run(args: argparse.Namespace) -> None:
+        write_report(args.out, name, asyncio.run(measure(args)), render)
+
+    return run

@@ -1,0 +1,132 @@
+"""`mellum-proxy bench calibrate`: the same trace on the real embedded llama.cpp server (real time) and
+in the lab on `sim:embedded-cpu` (virtual time), for `direct` and the defaults, side by side.
+
+The simulator is trusted for a policy choice only where the two agree: within 15 % on pause coverage,
+pause->shown p95, upstream requests and the server's peak held requests (running + queued, from its own
+`/metrics`). One real run differs from the next on a busy machine by more than that, so `--runs N` replays each
+policy N times (the policies taking turns) and the lab is held to the median, with the range beside it.
+The simulated model's accuracy defaults to 0: the embedded gemma-3-270m was not trained for
+fill-in-the-middle, and its suggestions (almost) never begin with what the person typed next — the
+real run's `predicted chars` says how often they did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mellum_proxy.bench.doubles.sim import SimProfile, profile
+from mellum_proxy.bench.reporting.writing import command, write_report
+from mellum_proxy.bench.runners.lab import run_lab
+from mellum_proxy.bench.runners.policy import Policy
+from mellum_proxy.bench.runners.replay import run_policy
+from mellum_proxy.bench.runners.upstreams import upstream_for
+from mellum_proxy.bench.workloads.convert import load_trace
+from mellum_proxy.bench.workloads.trace import Event, TraceError, limited
+from mellum_proxy.console import POSITIVE, SHARE, fail
+
+
+def add_commands(commands: Any) -> None:
+    calibrate = command(commands, "calibrate", "one trace on the real embedded server and on the lab's simulator",
+                        _calibrate, out="calibration")  # fmt: skip
+    calibrate.add_argument("trace", type=Path)
+    calibrate.add_argument("--limit-events", type=POSITIVE, default=300, help="edits [default: 300]")
+    calibrate.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
+    calibrate.add_argument("--profile", default="embedded-cpu", help="the lab's server: a sim profile, or the JSON "
+                           "of `mellum-proxy profile` [default: embedded-cpu]")  # fmt: skip
+    calibrate.add_argument("--runs", type=POSITIVE, default=1,
+                           help="real replays of each policy, taking turns; the lab is held to their median "
+                                "[default: 1]")  # fmt: skip
+    calibrate.add_argument("--accuracy", type=SHARE, default=0.0,
+                           help="the simulated model's (gemma is not a FIM model) [default: 0]")  # fmt: skip
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    try:
+        events = list(limited(load_trace(args.trace), args.limit_events))
+        spec = profile(args.profile)
+    except (OSError, TraceError, ValueError) as exc:
+        fail(str(exc))
+
+    async def run() -> dict[str, Any]:
+        async with upstream_for("embedded") as (url, described):
+            return await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy, spec=spec,
+                                 runs=args.runs)  # fmt: skip
+
+    write_report(args.out, "calibration", asyncio.run(run()), render)
+
+
+TOLERANCE = 0.15
+METRICS = (
+    ("pause_coverage", "pause coverage", "{:.0%}"),
+    ("latency_p95_ms", "p95 ms", "{:.0f}"),
+    ("peak_held", "server peak held", "{:.0f}"),
+    ("upstream_requests", "upstream requests", "{:.0f}"),
+    ("predicted_chars", "predicted chars", "{:.0f}"),
+)
+INFORMATION = {"predicted_chars"}  # shown, not held to the tolerance
+POLICIES: tuple[tuple[str, dict[str, Any] | None], ...] = (("direct", None), ("defaults", {}))
+
+
+async def measure(
+    events: Sequence[Event], trace: str, url: str, described: str, max_tokens: int, accuracy: float,
+    progress: Callable[[str], None] = print, spec: SimProfile | None = None, runs: int = 1,
+) -> dict[str, Any]:  # fmt: skip
+    """Each policy `runs` times on the real server (taking turns) and once in the lab; per metric the real
+    runs' values, their median, and the lab's."""
+    spec = spec or profile("embedded-cpu")
+    real_runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in POLICIES}
+    for turn in range(runs):
+        for name, settings in POLICIES:
+            real = await run_policy(Policy(name, settings), list(events), url, max_tokens=max_tokens)
+            progress(f"real {name} ({turn + 1}/{runs}): coverage {real.pause_coverage or 0:.0%}, "
+                     f"p95 {real.latency_p95_ms or 0:.0f} ms, {real.upstream_requests} requests")  # fmt: skip
+            real_runs[name].append({"pause_coverage": real.pause_coverage, "latency_p95_ms": real.latency_p95_ms,
+                                    "peak_held": real.max_inflight, "upstream_requests": real.upstream_requests,
+                                    "predicted_chars": real.predicted_chars})  # fmt: skip
+    rows = []
+    for name, settings in POLICIES:
+        lab = await asyncio.to_thread(
+            run_lab, Policy(name, settings), events, spec, trace, accuracy, max_tokens=max_tokens
+        )  # fmt: skip (its own virtual-time loop)
+        median = {key: _median([r[key] for r in real_runs[name]]) for key, _, _ in METRICS}
+        rows.append({"policy": name, "real": median, "runs": real_runs[name],
+                     "sim": {key: getattr(lab, key) for key, _, _ in METRICS}})  # fmt: skip
+    return {"trace": trace, "edits": sum(1 for e in events if hasattr(e, "offset")), "upstream": described,
+            "profile": spec.__repr__(), "rows": rows, "max_tokens": max_tokens,
+            "accuracy": accuracy}  # fmt: skip
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _agrees(real: float | None, sim: float | None) -> bool:
+    if real is None or sim is None:
+        return False
+    return abs(sim - real) <= TOLERANCE * max(abs(real), 1e-9)
+
+
+def render(result: dict[str, Any], command: str) -> str:
+    trace = f"- trace: {result['trace']}, {result['edits']} edits, {result['max_tokens']} tokens asked"
+    trace += f"; simulated accuracy {result.get('accuracy', 0):g}"
+    runs = max((len(row.get("runs", [])) for row in result["rows"]), default=1) or 1
+    real = "real" if runs == 1 else f"real: median of {runs}"
+    lines = [f"`{command}`", "", trace,
+             f"- real: {result['upstream']} (real time, through `bench replay`, {runs} run(s) a policy)",
+             f"- sim: the lab in virtual time on {result['profile']}", "",
+             f"| policy | metric | {real} | real range | sim | within 15 % |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in result["rows"]:
+        for key, title, spec in METRICS:
+            median, sim = row["real"][key], row["sim"][key]
+            cells = [spec.format(v) if v is not None else "-" for v in (median, sim)]
+            seen = [r[key] for r in row.get("runs", []) if r[key] is not None]
+            spread = f"{spec.format(min(seen))}-{spec.format(max(seen))}" if len(seen) > 1 else "-"
+            agree = "-" if key in INFORMATION else "yes" if _agrees(median, sim) else "**no**"
+            lines.append(f"| {row['policy']} | {title} | {cells[0]} | {spread} | {cells[1]} | {agree} |")
+    return "\n".join(lines) + "\n"

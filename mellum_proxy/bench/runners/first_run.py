@@ -1,0 +1,131 @@
+"""`mellum-proxy bench first-run`: what a newcomer sees after `make run`, measured as they would see it.
+
+It starts `mellum-proxy serve --embedded` as a process of its own (the defaults, nothing tuned), optionally
+next to processes that keep cores busy (an editor and a browser do that on a laptop), and records the time
+until `/health` says ok and the time to the first completion; then it asks for completions at different
+positions of a small Python file, as an editor plugin would (OpenAI `prompt` + `suffix`, not streamed), and
+checks each: not empty, not cut by the deadline, no fill-in-the-middle marker in it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import aiohttp
+
+from mellum_proxy.bench.reporting.writing import command, measured
+from mellum_proxy.bench.runners.processes import busy_cores, free_port, wait_healthy
+from mellum_proxy.bench.workloads.corpus import CODE_DIR
+from mellum_proxy.console import INDEX
+
+
+def add_commands(commands: Any) -> None:
+    about = "a newcomer's `make run`: time to healthy, to the first completion, and what six completions show"
+    handler = measured("first-run", lambda args: run(args.busy, extra=tuple(args.serve_args)),
+                       lambda result, command: render(result))  # fmt: skip
+    first = command(commands, "first-run", about, handler, out="first-run")
+    first.add_argument("--busy", type=INDEX, default=1, help="processes keeping a core busy meanwhile [default: 1]")
+    first.add_argument("serve_args", nargs="*", help="extra `serve` flags, after --")
+
+
+# Where the cursor is: the text of the line up to the cursor; the rest of that line is not written yet.
+POSITIONS = (
+    "        self.quantity += ",
+    "        return sum(",
+    "        needle = text.",
+    "        self.items[item.sku] = ",
+    '    print(f"total: {',
+    "            raise ",
+)
+MARKERS = ("<fim_", "<filename>", "<|endoftext|>", "<|fim")
+
+
+@dataclass
+class Shown:
+    """One completion as the plugin got it."""
+
+    position: str
+    outcome: str
+    text: str
+    finish_reason: str | None
+    total_ms: float
+
+    @property
+    def good(self) -> bool:
+        return bool(self.text.strip()) and self.outcome == "ok" and not any(m in self.text for m in MARKERS)
+
+
+def cursor_at(source: str, line_start: str) -> tuple[str, str]:
+    """(prefix, suffix) with the cursor after `line_start`, the rest of its line not typed yet."""
+    at = source.index(line_start) + len(line_start)
+    line_end = source.index("\n", at)
+    return source[:at], source[line_end:]
+
+
+async def run(busy: int = 1, timeout_s: float = 300.0, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Start the proxy as `make run` does, wait for it, then complete at each of `POSITIONS`."""
+    source = (CODE_DIR / "inventory.py").read_text()
+    port = free_port()
+    command = [sys.executable, "-m", "mellum_proxy", "serve", "--embedded", "--listen", f"127.0.0.1:{port}", *extra]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with busy_cores(busy):
+        started = time.monotonic()
+        server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # noqa: ASYNC220
+        try:
+            result = await _measure(f"http://127.0.0.1:{port}", source, started, timeout_s)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            output, _ = server.communicate(timeout=60)
+    result["startup_lines"] = [line for line in output.splitlines() if line.strip()][:40]
+    result["busy_processes"] = busy
+    result["command"] = " ".join(["mellum-proxy", *command[3:]])
+    return result
+
+
+async def _measure(url: str, source: str, started: float, timeout_s: float) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session:
+        healthy_s = time.monotonic() - started + await wait_healthy(session, url, timeout_s)
+        shown = []
+        first_s = None
+        for line_start in POSITIONS:
+            prefix, suffix = cursor_at(source, line_start)
+            asked = time.monotonic()
+            body = {"model": "mellum", "prompt": prefix, "suffix": suffix, "max_tokens": 128, "stream": False}
+            async with session.post(url + "/v1/completions", json=body) as resp:
+                answer = await resp.json()
+                outcome = resp.headers.get("X-Mellum-Outcome", f"http {resp.status}")
+            choice = (answer.get("choices") or [{}])[0]
+            shown.append(Shown(line_start.strip(), outcome, choice.get("text") or "", choice.get("finish_reason"),
+                               (time.monotonic() - asked) * 1000))  # fmt: skip
+            if first_s is None:
+                first_s = time.monotonic() - started
+    return {
+        "healthy_s": healthy_s,
+        "first_completion_s": first_s,
+        "good": sum(s.good for s in shown),
+        "completions": [asdict(s) | {"good": s.good} for s in shown],
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        f"`{result['command']}` with {result['busy_processes']} other process(es) keeping a core busy",
+        "",
+        f"- healthy after {result['healthy_s']:.1f} s; first completion after {result['first_completion_s']:.1f} s",
+        f"- {result['good']} of {len(result['completions'])} completions shown whole (not empty, not cut by "
+        "the deadline, no FIM marker)",
+        "",
+        "| cursor after | outcome | finish | ms | completion |",
+        "|---|---|---|---|---|",
+    ]
+    for item in result["completions"]:
+        text = item["text"].replace("\n", "⏎").replace("|", "\\|")
+        lines.append(f"| `{item['position']}` | {item['outcome']} | {item['finish_reason']} | "
+                     f"{item['total_ms']:.0f} | `{text[:80]}` |")  # fmt: skip
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,109 @@
+"""`mellum-proxy bench memory`: the proxy's resident memory, idle and over many requests.
+
+`mellum-proxy serve` runs as its own process (as a user runs it) in front of this process's fast fake
+upstream, with its policies off; `clients` concurrent clients (one editor session each) send
+`requests` streaming completions. VmRSS is read from `/proc/PID/status` once the proxy answers
+`/health` and is idle, then after every fifth of the requests. A second run, with `--tokenizer` a
+GGUF file, shows what an exact local vocabulary holds in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from mellum_proxy.bench.reporting.writing import command, write_report
+from mellum_proxy.bench.runners.processes import free_port, rss_mib, wait_healthy
+from mellum_proxy.console import POSITIVE, fail
+from mellum_proxy.http import serve_app
+
+
+def add_commands(commands: Any) -> None:
+    about = "the proxy's resident memory, idle and over many requests"
+    memory = command(commands, "memory", about, _memory, out="memory")
+    memory.add_argument("--requests", type=POSITIVE, default=100_000, help="streaming requests [default: 100000]")
+    memory.add_argument("--clients", type=POSITIVE, default=8, help="concurrent clients [default: 8]")
+    memory.add_argument("--gguf", type=Path, help="also run with this GGUF's vocabulary as the tokenizer")
+
+
+def _memory(args: argparse.Namespace) -> None:
+    if args.gguf is not None and not args.gguf.is_file():
+        fail(f"--gguf {args.gguf}: no such file")
+    result = asyncio.run(measure(args.requests, args.clients, args.gguf, progress=print))
+    write_report(args.out, "memory", result, render)
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+async def one_run(
+    upstream: str, tokenizer: str, requests: int, clients: int, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    port = free_port()
+    args = ["-m", "mellum_proxy", "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
+            "--tokenizer", tokenizer, "--debounce-ms", "0", "--timeout-ms", "0", "--max-concurrency", "64",
+            "--max-queue", "64"]  # fmt: skip
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    samples: list[dict[str, float]] = []
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await wait_healthy(session, url, exited=process)
+            await asyncio.sleep(2.0)  # background probes (and a local tokenizer's load) settle
+            samples.append({"requests": 0, "rss_mib": rss_mib(process.pid)})
+            progress(f"{tokenizer}: idle {samples[-1]['rss_mib']:.1f} MiB")
+            body = b'{"prompt": "def fibonacci(n):\\n    ", "max_tokens": 16, "stream": true}'
+            step = max(1, requests // 5)
+            sent = 0
+
+            async def client(number: int, count: int) -> None:
+                headers = {**JSON, "X-Session-Id": f"editor-{number}"}
+                for _ in range(count):
+                    async with session.post(url + "/v1/completions", data=body, headers=headers) as resp:
+                        await resp.read()
+
+            while sent < requests:
+                batch = min(step, requests - sent)
+                await asyncio.gather(*(client(i, batch // clients + (i < batch % clients)) for i in range(clients)))
+                sent += batch
+                samples.append({"requests": sent, "rss_mib": rss_mib(process.pid)})
+                progress(f"{tokenizer}: {sent} requests {samples[-1]['rss_mib']:.1f} MiB")
+    finally:
+        process.terminate()
+        await process.wait()
+    after = [s["rss_mib"] for s in samples[1:]]
+    return {"tokenizer": Path(tokenizer).name, "samples": samples, "idle_mib": samples[0]["rss_mib"],
+            "growth_after_first_fifth_mib": (after[-1] - after[0]) if after else 0.0}  # fmt: skip
+
+
+async def measure(requests: int, clients: int, gguf: Path | None, progress: Callable[[str], None]) -> dict[str, Any]:
+    fake = FakeUpstream(tokens=16, slots=64)
+    runs = []
+    async with serve_app(fake.app()) as upstream:
+        runs.append(await one_run(upstream, "chars", requests, clients, progress))
+        if gguf is not None:
+            runs.append(await one_run(upstream, str(gguf), max(1, requests // 10), clients, progress))
+    return {"requests": requests, "clients": clients, "runs": runs}
+
+
+def render(result: dict[str, Any], command: str) -> str:
+    lines = ["# Proxy memory", "", f"`{command}`: `mellum-proxy serve` as its own process, VmRSS.", "",
+             "| tokenizer | requests | RSS MiB |", "|---|---|---|"]  # fmt: skip
+    for run in result["runs"]:
+        name = Path(run["tokenizer"]).name
+        for sample in run["samples"]:
+            lines.append(f"| {name} | {sample['requests']} | {sample['rss_mib']:.1f} |")
+    lines.append("")
+    for run in result["runs"]:
+        lines.append(f"- {Path(run['tokenizer']).name}: idle {run['idle_mib']:.1f} MiB; from the first fifth of "
+                     f"the requests to the end {run['growth_after_first_fifth_mib']:+.1f} MiB")  # fmt: skip
+    return "\n".join(lines) + "\n"

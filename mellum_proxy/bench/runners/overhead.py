@@ -1,0 +1,221 @@
+"""`mellum-proxy bench overhead`: what the proxy adds to each request, against a bare relay.
+
+Six paths to one fast fake upstream, request by request in turn (in a shuffled order each time, seeded) so that machine
+noise hits all alike:
+`direct` (client -> upstream), `bare` (client -> `mellum_proxy.bench.doubles.relays.bare_relay` -> upstream),
+`parsing` (client -> `parsing_relay`, which parses the request and the events and nothing else -> upstream) and
+`proxy` (client -> mellum-proxy with its policies off: debounce 0, no deadline, no reuse, no
+post-processing, the `chars` tokenizer -> upstream); and two more such proxies, so that what each costs a
+request shows against `proxy`: `cleaning`, with post-processing on (the default), and `page`, with its live
+page open (a reader of `/ui/events` in a process of its own, as a browser would be).
+Each round sends `requests` sequential streaming fill-in-the-middle completions (a prompt and a suffix, as
+the plugins send them) per path. Added latency is a path's
+percentile less direct's in the same round; CPU per request is the process's CPU time spent on the path's
+requests less direct's (client and fake upstream cost the same in both), so what remains is the relay's own.
+All of it runs in this one process: the ratios compare like with like, the absolute numbers are the
+machine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from mellum_proxy.bench.doubles.relays import bare_relay, parsing_relay
+from mellum_proxy.bench.reporting.writing import command, measured
+from mellum_proxy.config import Settings
+from mellum_proxy.console import POSITIVE
+from mellum_proxy.http import RECORDS, build_app, serve_app
+from mellum_proxy.http.page import PAGES
+from mellum_proxy.telemetry.stats import percentile
+
+
+def add_commands(commands: Any) -> None:
+    about = "what the proxy adds per request: direct, a bare relay, the proxy"
+    run = measured("overhead", lambda args: measure(args.requests, args.rounds, args.tokens, print), render)
+    overhead = command(commands, "overhead", about, run, out="overhead")
+    overhead.add_argument("--requests", type=POSITIVE, default=500, help="per path and round [default: 500]")
+    overhead.add_argument("--rounds", type=POSITIVE, default=3, help="interleaved rounds [default: 3]")
+    overhead.add_argument("--tokens", type=POSITIVE, default=16, help="streamed tokens per request [default: 16]")
+
+
+PATHS = ("direct", "bare", "parsing", "proxy", "cleaning", "page")
+RELAYS = PATHS[1:]
+TTFT_TARGET, CPU_TARGET = 1.3, 1.5  # the proxy against the relay that only parses
+PROXY_SETTINGS: dict[str, Any] = {  # no hold, no deadline, no reuse (every request goes upstream), no cleaning
+    "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64, "reuse": False,
+    "postprocess": False,
+}  # fmt: skip
+
+
+@dataclass
+class PathRound:
+    ttft_ms: list[float] = field(default_factory=list)
+    total_ms: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[float, float]:
+    started = time.perf_counter()
+    first = None
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        async for line in resp.content:
+            if first is None and line.startswith(b"data: {"):
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return ((first or end) - started) * 1000, (end - started) * 1000
+
+
+async def _round(
+    session: aiohttp.ClientSession, urls: dict[str, str], requests: int, body: dict[str, Any]
+) -> dict[str, PathRound]:
+    """`requests` completions per path, one path after the other in turn, in a new order each turn: a path
+    that always followed the same one would find its code warm or cold in the caches by where it stands."""
+    measured = {name: PathRound() for name in urls}
+    names = list(urls)
+    order = random.Random(requests)  # seeded: two runs take the same turns
+    for _ in range(requests):
+        order.shuffle(names)
+        for name in names:
+            result = measured[name]
+            cpu = time.process_time()
+            ttft, total = await _one(session, urls[name], body)
+            result.cpu_s += time.process_time() - cpu
+            result.ttft_ms.append(ttft)
+            result.total_ms.append(total)
+    return measured
+
+
+async def measure(
+    requests: int = 500, rounds: int = 3, tokens: int = 16, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run the interleaved rounds; returns per-round figures and the ratios proxy / bare."""
+    fake = FakeUpstream(tokens=tokens, slots=64)
+    body = {
+        "prompt": "def fibonacci(n):\n    ",
+        "suffix": "\n\n\nprint(fibonacci(10))\n",
+        "max_tokens": tokens,
+        "stream": True,
+    }
+    async with serve_app(fake.app()) as upstream, serve_app(bare_relay(upstream)) as bare:
+        async with (
+            serve_app(parsing_relay(upstream)) as parsing,
+            serve_app(build_app(Settings(upstream=upstream, **PROXY_SETTINGS))) as proxy,
+            serve_app(build_app(Settings(upstream=upstream, **{**PROXY_SETTINGS, "postprocess": True}))) as cleaning,
+            serve_app(page_app := build_app(Settings(upstream=upstream, **PROXY_SETTINGS))) as page,
+            _page_open(page_app, page),
+        ):
+            urls = {"direct": upstream, "bare": bare, "parsing": parsing, "proxy": proxy, "cleaning": cleaning,
+                    "page": page}  # fmt: skip
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                await _round(session, urls, 20, body)  # warm up connections and code paths
+                rows = []
+                for number in range(rounds):
+                    rows.append(_row(number, await _round(session, urls, requests, body), requests))
+                    if progress is not None:
+                        progress(_line(rows[-1]))
+    return {"requests": requests, "rounds": rounds, "tokens": tokens, "rows": rows, "summary": _summary(rows)}
+
+
+# A browser's part of an open page, in a process of its own: it reads the event stream and drops it.
+_READER = "import sys, urllib.request; r = urllib.request.urlopen(sys.argv[1])\nwhile r.read(65536): pass"
+
+
+@contextlib.asynccontextmanager
+async def _page_open(app: web.Application, url: str) -> AsyncIterator[None]:
+    """The proxy `app` (at `url`) with its live page open for the body of the `async with`."""
+    reader = await asyncio.create_subprocess_exec(sys.executable, "-c", _READER, url + "/ui/events")
+    try:
+        await app[RECORDS].changes.wait_for(lambda: app[PAGES]["open"] == 1, timeout_s=30)
+        yield
+        assert app[PAGES]["open"] == 1, "the page's reader left during the run"
+    finally:
+        reader.kill()
+        await reader.wait()
+
+
+def _added(path: PathRound, direct: PathRound, values: str, q: float) -> float:
+    return (percentile(getattr(path, values), q) or 0.0) - (percentile(getattr(direct, values), q) or 0.0)
+
+
+def _row(number: int, measured: dict[str, PathRound], requests: int) -> dict[str, Any]:
+    direct = measured["direct"]
+    row: dict[str, Any] = {"round": number + 1}
+    for name in RELAYS:
+        path = measured[name]
+        row[name] = {
+            "added_ttft_p50_ms": _added(path, direct, "ttft_ms", 50),
+            "added_total_p50_ms": _added(path, direct, "total_ms", 50),
+            "added_ttft_p95_ms": _added(path, direct, "ttft_ms", 95),
+            "cpu_ms_per_request": (path.cpu_s - direct.cpu_s) * 1000 / requests,
+        }
+    row["direct"] = {"ttft_p50_ms": percentile(direct.ttft_ms, 50), "total_p50_ms": percentile(direct.total_ms, 50)}
+    return row
+
+
+def _ratio(rows: list[dict[str, Any]], key: str, over: str = "bare", path: str = "proxy") -> float | None:
+    ratios = [row[path][key] / row[over][key] for row in rows if row[over][key] > 0]
+    return median(ratios) if ratios else None
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request")
+    summary = {f"proxy_over_bare_{key}": _ratio(rows, key) for key in keys}
+    summary |= {f"parsing_over_bare_{key}": _ratio(rows, key, path="parsing") for key in keys}
+    summary |= {f"proxy_over_parsing_{key}": _ratio(rows, key, over="parsing") for key in keys}
+    summary |= {f"cleaning_over_proxy_{key}": _ratio(rows, key, over="proxy", path="cleaning") for key in keys}
+    summary |= {f"page_over_proxy_{key}": _ratio(rows, key, over="proxy", path="page") for key in keys}
+    return summary
+
+
+def _line(row: dict[str, Any]) -> str:
+    cells = ", ".join(
+        f"{name} {row[name]['added_ttft_p50_ms']:.2f} ms TTFT / {row[name]['cpu_ms_per_request']:.2f} ms CPU"
+        for name in RELAYS
+    )
+    return f"round {row['round']}: added {cells}"
+
+
+def render(result: dict[str, Any], command: str) -> str:
+    """The report as Markdown: one row per round and path, then the median ratios."""
+    lines = [
+        "# Relay overhead",
+        "",
+        f"`{command}`: {result['requests']} sequential streaming fill-in-the-middle requests (prompt and suffix) "
+        "per path and round, "
+        f"{result['tokens']} tokens each, fake upstream; added = the path's percentile less direct's.",
+        "",
+        "| round | path | added TTFT p50 ms | added TTFT p95 ms | added total p50 ms | CPU ms / request |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        for name in RELAYS:
+            cell = row[name]
+            lines.append(
+                f"| {row['round']} | {name} | {cell['added_ttft_p50_ms']:.2f} | {cell['added_ttft_p95_ms']:.2f} | "
+                f"{cell['added_total_p50_ms']:.2f} | {cell['cpu_ms_per_request']:.2f} |"
+            )
+    lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare | proxy / parsing | cleaning / proxy "
+              "| page open / proxy |", "|---|---|---|---|---|---|"]  # fmt: skip
+    summary = result["summary"]
+    ratios = ("proxy_over_bare", "parsing_over_bare", "proxy_over_parsing", "cleaning_over_proxy", "page_over_proxy")
+    for key in ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"):
+        cells = [summary.get(f"{ratio}_{key}") for ratio in ratios]
+        lines.append(f"| {key} | " + " | ".join("-" if v is None else f"{v:.2f}x" for v in cells) + " |")
+    ttft, cpu = (summary.get(f"proxy_over_parsing_{key}") for key in ("added_ttft_p50_ms", "cpu_ms_per_request"))
+    if ttft is not None and cpu is not None:
+        met = "met" if ttft <= TTFT_TARGET and cpu <= CPU_TARGET else "**not met**"
+        lines += ["", f"Target (proxy / parsing: added TTFT p50 <= {TTFT_TARGET}x, CPU <= {CPU_TARGET}x): {met} "
+                  f"({ttft:.2f}x, {cpu:.2f}x)."]  # fmt: skip
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,74 @@
+"""The proxy (or a router) as a process of its own: a free port, waiting for `/health`, what the
+process holds, and cores kept busy meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+
+from mellum_proxy.planner.probe import host_rss_mib
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def wait_healthy(
+    session: aiohttp.ClientSession, url: str, timeout_s: float = 60.0, exited: asyncio.subprocess.Process | None = None
+) -> float:
+    """Poll `url/health` until it answers 200; the seconds that took.
+
+    Raises:
+        TimeoutError: not healthy within `timeout_s`.
+        RuntimeError: the `exited` process ended first.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while loop.time() - started < timeout_s:
+        if exited is not None and exited.returncode is not None:
+            raise RuntimeError(f"the proxy exited with {exited.returncode}")
+        try:
+            async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                if resp.status == 200:
+                    return loop.time() - started
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        await asyncio.sleep(0.1)  # polling: the process has no event to wait on
+    raise TimeoutError(f"the proxy was not healthy after {timeout_s:.0f} s")
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a live process (Linux /proc)."""
+    rss = host_rss_mib(pid)
+    if rss is None:
+        raise RuntimeError(f"no VmRSS for process {pid}")
+    return rss
+
+
+def process_state(pid: int) -> dict[str, float]:
+    """VmRSS (MiB), open file descriptors and threads of a process, from /proc."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    threads = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:"))
+    return {"rss_mib": rss_mib(pid), "fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": threads}
+
+
+@contextlib.contextmanager
+def busy_cores(count: int) -> Iterator[None]:
+    """`count` processes that spin a core each, for the duration."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()

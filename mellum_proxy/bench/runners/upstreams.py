@@ -1,0 +1,54 @@
+"""The server a bench command runs against: a URL, the embedded llama.cpp server, or the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from mellum_proxy.config import upstream_base_url
+
+
+@contextlib.asynccontextmanager
+async def upstream_for(spec: str) -> AsyncIterator[tuple[str, str]]:
+    """(URL, description) of the upstream: a URL, `embedded`, or `sim[:PROFILE]`."""
+    if spec == "embedded":
+        from mellum_proxy.upstream.embedded import EmbeddedServer
+
+        server = EmbeddedServer(ctx_tokens=4096, slots=2)
+        url = await asyncio.to_thread(server.start)
+        try:
+            yield url, "embedded llama.cpp (gemma-3-270m Q4_K_M, 2 slots x 2048 tokens, CPU)"
+        finally:
+            await asyncio.to_thread(server.stop)
+    elif spec.startswith("sim"):
+        from mellum_proxy.bench.doubles.sim import SimServer, profile
+        from mellum_proxy.http import serve_app
+
+        chosen = profile(spec.partition(":")[2] or "embedded-cpu")
+        async with serve_app(SimServer(chosen).app()) as url:
+            yield url, f"sim:{chosen.name} ({chosen.source})"
+    else:
+        yield upstream_base_url(spec), spec
+
+
+async def context_limit(url: str) -> int | None:
+    """Context per request: llama.cpp /props (per slot), else vLLM's /v1/models max_model_len."""
+    async with aiohttp.ClientSession() as session:
+        for path in ("/props", "/v1/models"):
+            try:
+                async with session.get(url + path) as resp:
+                    body = await resp.json(content_type=None)
+            except Exception:  # any failure here means "not this server kind"
+                continue
+            if path == "/props" and isinstance(body, dict):
+                n_ctx = (body.get("default_generation_settings") or {}).get("n_ctx")
+                if isinstance(n_ctx, int):
+                    return n_ctx
+            if path == "/v1/models" and isinstance(body, dict):
+                for model in body.get("data") or []:
+                    if isinstance(model, dict) and isinstance(model.get("max_model_len"), int):
+                        return int(model["max_model_len"])
+    return None

@@ -1,0 +1,154 @@
+"""The `mellum-proxy` command. `serve`'s flags are generated from `mellum_proxy.config.Settings`, so the
+CLI, the environment and the TOML file always know the same settings."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import orjson
+
+from mellum_proxy import __version__
+from mellum_proxy.config import SettingsError, load_settings
+from mellum_proxy.console import INDEX, POSITIVE, Parser, fail, real
+from mellum_proxy.settings_flags import add_settings_flags, settings_given
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="mellum-proxy", description="A completion proxy in front of a local model server.")
+    parser.add_argument("--version", action="version", version=f"mellum-proxy {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    serve = commands.add_parser("serve", help="run the proxy in the foreground")
+    add_settings_flags(serve)
+
+    stats = commands.add_parser("stats", help="summarize a request log (--log FILE.jsonl)")
+    stats.add_argument("log", type=Path, help="the proxy's JSONL request log")
+    stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stats.add_argument("--by", choices=["outcome", "session", "dialect"], help="one row per group")
+
+    probe = commands.add_parser("probe", help="print GPU memory over time (NVML), like nvidia-smi -l")
+    probe.add_argument("--interval-ms", type=POSITIVE, default=1000, help="time between readings [default: 1000]")
+    probe.add_argument("--gpu", type=INDEX, default=0, help="NVML device index [default: 0]")
+    probe.add_argument("--out", type=Path, help="also write the CSV to this file")
+    probe.add_argument("--count", type=POSITIVE, help="stop after this many readings [default: until Ctrl-C]")
+
+    base = commands.add_parser("baseline", help="the four memory readings: before start, loaded, idle, first request")
+    base.add_argument("--upstream", required=True, help="server base URL, or 'embedded' to start one and watch it")
+    base.add_argument("--idle-s", type=real(0), default=30.0, help="idle wait before the first request [default: 30]")
+    base.add_argument("--gpu", type=INDEX, default=0, help="NVML device index [default: 0]")
+    base.add_argument("--upstream-pid", type=POSITIVE, help="server PID, for its own memory readings")
+    base.add_argument("--model", type=Path, help="GGUF for --upstream embedded [default: packaged gemma-3-270m]")
+    base.add_argument("--out", type=Path, default=Path("baseline.json"), help="JSON output [default: baseline.json]")
+
+    from mellum_proxy.editor import cli as editor_cli
+    from mellum_proxy.planner import cli as planner_cli
+
+    planner_cli.add_commands(commands)
+    editor_cli.add_commands(commands)
+    # The bench (plots, traces, HumanEval) loads only when asked for: `main` hands it the rest.
+    commands.add_parser("tune", help="the policy settings for your typing on your server (see tune --help)")
+    bench = commands.add_parser("bench", help="replay keystroke traces, stress runs, quality set (see bench --help)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> None:
+    try:
+        settings = load_settings(settings_given(args), args.config)
+    except SettingsError as exc:
+        fail(str(exc))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from mellum_proxy.http.server import serve
+
+    try:
+        asyncio.run(serve(settings))
+    except (OSError, RuntimeError) as exc:  # port in use, model missing, embedded extra absent
+        fail(str(exc))
+
+
+def _stats(args: argparse.Namespace) -> None:
+    from mellum_proxy.telemetry.stats import read_log, render_table, stats
+
+    try:
+        records, malformed = read_log(args.log)
+    except OSError as exc:
+        fail(f"cannot read {args.log}: {exc.strerror}")
+    result = stats(records, malformed, args.by)
+    if args.json:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render_table(result))
+
+
+def _probe(args: argparse.Namespace) -> None:
+    from mellum_proxy.planner.probe import probe
+    from mellum_proxy.telemetry import GpuUnavailableError
+
+    if args.interval_ms < 10:
+        fail("--interval-ms must be at least 10")
+    try:
+        with contextlib.ExitStack() as files:
+            out: IO[str] | _Tee = sys.stdout
+            if args.out is not None:
+                out = _Tee(sys.stdout, files.enter_context(args.out.open("w", newline="")))
+            summary = probe(args.gpu, args.interval_ms, out, args.count)
+    except GpuUnavailableError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {args.out}: {exc.strerror}")
+    if summary["samples"]:
+        print(f"samples={summary['samples']} min={summary['min_mib']:.0f} MiB max={summary['max_mib']:.0f} MiB "
+              f"peak at {summary['peak_at']}", file=sys.stderr)  # fmt: skip
+
+
+def _baseline(args: argparse.Namespace) -> None:
+    from mellum_proxy.planner.probe import baseline
+
+    try:
+        book = asyncio.run(baseline(args.upstream, args.idle_s, args.gpu, args.upstream_pid, args.model))
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        fail(f"baseline failed: {exc or 'the server did not become healthy in time'}")
+    print(book.table())
+    args.out.write_bytes(book.as_json())
+    print(f"saved {args.out}")
+
+
+class _Tee:
+    """Write to several text streams at once (probe's terminal output and its --out file)."""
+
+    def __init__(self, *streams: IO[str]) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+_COMMANDS = {"serve": _serve, "stats": _stats, "probe": _probe, "baseline": _baseline}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from mellum_proxy.editor.cli import HANDLERS as EDITOR
+    from mellum_proxy.planner.cli import HANDLERS as PLANNER
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["tune"]:  # `mellum-proxy tune` is `mellum-proxy bench tune`: the lab does the work
+        argv = ["bench", *argv]
+    if argv[:1] == ["bench"]:
+        from mellum_proxy.bench.cli import main as bench
+
+        bench(argv[1:])
+        return
+    args = build_parser().parse_args(argv)
+    {**_COMMANDS, **PLANNER, **EDITOR}[args.command](args)

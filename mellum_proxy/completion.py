@@ -1,0 +1,349 @@
+"""`CompletionService`: one completion from a normalized request to its `Answer`, with its record.
+
+The steps, in order: typed-through reuse -> dispatch hold -> comment/string skip -> supersede
+(per-session admission) -> deadline -> context budget -> global admission queue -> upstream stream
+-> answer. Telemetry observes; the record is closed in `finally`. A request that a policy drops is
+answered with an empty (or partial) completion and its outcome, never with an error. This module
+knows no HTTP: the edge (`mellum_proxy.http`) adapts the `Answer` protocol to a response.
+
+Each upstream request streams in a task of its own (`mellum_proxy.flight`), which the service relays to its
+client: so a newer keystroke can follow it, and a cancelled one keeps its slot until the server lets go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import anyio
+
+from mellum_proxy.budget import ContextBudget, cursor_in_comment_or_string
+from mellum_proxy.clock import LOOP_CLOCK, Clock
+from mellum_proxy.errors import ProxyError
+from mellum_proxy.flight import CompletionSource, Flights
+from mellum_proxy.models import Answer, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
+from mellum_proxy.observe import Changes
+from mellum_proxy.policies import (
+    AdmissionQueue,
+    Deadline,
+    Debouncer,
+    Dispatch,
+    Lease,
+    QueueFullError,
+    Supersede,
+    Ticket,
+)
+from mellum_proxy.policies.cleanup import Cleaner
+from mellum_proxy.policies.lines import LineGate
+from mellum_proxy.policies.reuse import Hit, ReuseCache, rest_end
+from mellum_proxy.telemetry import RequestRecord, Telemetry
+
+log = logging.getLogger("mellum_proxy")
+
+CLOSE_ANSWER_S = 1.0  # at shutdown, for the requests cut at the end of the grace to write their last event
+
+
+@dataclass(slots=True)
+class Policies:
+    """The policy objects one proxy shares between all its requests."""
+
+    debouncer: Debouncer
+    supersede: Supersede
+    admission: AdmissionQueue
+    ttft_timeout_s: float | None = None  # None: no deadline
+    timeout_s: float | None = None
+    complete_in_comments: bool = True
+    postprocess: bool = False  # clean completions while they stream (`mellum_proxy.policies.cleanup`)
+    clock: Clock = field(default=LOOP_CLOCK)
+    dispatch: Dispatch | None = None  # None: the debouncer's fixed window
+    reuse: ReuseCache | None = None
+    keep_prefill: bool = False
+
+
+class CompletionService:
+    """Serves completions against one upstream under the policies, and records each request."""
+
+    def __init__(
+        self, upstream: CompletionSource, policies: Policies, budget: ContextBudget, telemetry: Telemetry
+    ) -> None:
+        self.upstream = upstream
+        self.policies = policies
+        self.budget = budget
+        self.telemetry = telemetry
+        self.clock = policies.clock
+        self.flights = Flights(upstream, policies.admission, budget, policies.clock, policies.keep_prefill,
+                               takeover=policies.reuse is not None)  # fmt: skip
+        self._open: set[anyio.CancelScope] = set()  # the requests being served
+        self._idle = Changes()  # notified when the last one ends
+
+    async def complete(self, request: NormalizedRequest, answer: Answer) -> None:
+        """Answer `request`; a `ProxyError` becomes `answer.fail`, never a raise."""
+        record = self.telemetry.start(request)
+        record.arrived(self.policies.admission.depth, self.policies.admission.running)
+        completion = Completion(id=f"cmpl-{request.id}")
+        scope = anyio.CancelScope()  # the proxy's own: cut at the end of the shutdown grace (`close`)
+        self._open.add(scope)
+        try:
+            with scope:
+                outcome = await self._run(request, answer, completion, record)
+            if scope.cancelled_caught:
+                outcome = Outcome.SHUTDOWN
+            record.ended(outcome)
+            await answer.finish(completion, outcome)
+        except ProxyError as error:
+            record.ended(Outcome.UPSTREAM_ERROR, error.upstream_status)
+            await answer.fail(completion, error)
+        except (asyncio.CancelledError, ConnectionResetError):
+            record.ended(Outcome.CLIENT_GONE)  # the editor went away: the upstream stream is closed
+            raise
+        except Exception as exc:  # a defect: answered in the dialect's shape (the stream ended), never re-raised
+            log.exception("unhandled error serving request %s", request.id, exc_info=exc)
+            record.ended(Outcome.INTERNAL_ERROR)
+            await answer.fail(completion, ProxyError("internal proxy error (see the proxy's log)"))
+        finally:
+            self._open.discard(scope)
+            self.telemetry.finish(record, completion)
+            if not self._open:
+                self._idle.notify()
+
+    async def drain(self) -> None:
+        """Wait for the upstream requests still running (for tests and the bench)."""
+        await self.flights.drain()
+
+    async def close(self, grace_s: float) -> None:
+        """Shut down: the requests being served get `grace_s` to finish; then each is answered with what it
+        has and its dialect's final event (outcome `shutdown`), and every task of the service (upstream
+        requests, slot releases) is cancelled and awaited, so none outlives the upstream session."""
+        with contextlib.suppress(TimeoutError):
+            await self._idle.wait_for(lambda: not self._open, grace_s)
+        for scope in list(self._open):
+            scope.cancel()
+        with contextlib.suppress(TimeoutError):
+            await self._idle.wait_for(lambda: not self._open, CLOSE_ANSWER_S)  # their last events, then done
+        await self.flights.close()
+
+    async def _warm_up(
+        self, request: NormalizedRequest, answer: Answer, completion: Completion, record: RequestRecord
+    ) -> Outcome:
+        """Cache-warming requests (`n_predict: 0`) warm exactly the start the next completions will send (the
+        other files and the edited file's header), and only on a slot that is free right now.
+
+        They are never queued, debounced or allowed to supersede: a warm-up that waits would delay the
+        completions the user is waiting for, and it is stale by the time a slot frees up. One with nothing
+        to warm is answered here (a prefix-only template has no place for other files).
+        """
+        prompt = await self.budget.warm_up(request)
+        if prompt is None or not self.policies.admission.has_free_slot():
+            return Outcome.SKIPPED  # nothing to warm (answered here), or no slot free now
+        lease = await self.policies.admission.acquire()
+        await self._stream(request, prompt, answer, completion, record, lease, None, None)
+        return Outcome.OK
+
+    async def _run(
+        self, request: NormalizedRequest, answer: Answer, completion: Completion, record: RequestRecord
+    ) -> Outcome:
+        policies, clock = self.policies, self.clock
+        if request.warm_up:
+            return await self._warm_up(request, answer, completion, record)
+        if policies.reuse is not None:
+            hit = policies.reuse.lookup(request)
+            if hit is not None:
+                outcome = await self._reuse(request, hit, answer, completion, record)
+                if outcome is not None:
+                    return outcome
+        if not await self._hold(request, record):
+            return Outcome.DEBOUNCED
+        if not policies.complete_in_comments and request.suffix is not None:
+            inside = cursor_in_comment_or_string(request.prefix, request.suffix, request.file_path, request.language)
+            if inside:
+                return Outcome.SKIPPED
+        with policies.supersede.admit(request.session) as ticket:
+            deadline = Deadline.start(clock, policies.ttft_timeout_s, policies.timeout_s)
+            ticket.scope.deadline = deadline.first_token
+            with ticket.scope:
+                prompt = await self.budget.apply(request)
+                record.fitted(prompt)
+                completion.truncated = prompt.truncated
+                waits = not policies.admission.has_free_slot()  # else the slot is taken without a wait
+                queued_from = clock.now() if waits else 0.0
+                try:
+                    lease = await policies.admission.acquire(ticket.scope)
+                except QueueFullError:
+                    return Outcome.QUEUE_FULL
+                record.queued((clock.now() - queued_from) * 1000 if waits else 0.0)
+                ticket.running = True
+                await self._stream(request, prompt, answer, completion, record, lease, ticket, deadline)
+            if ticket.scope.cancelled_caught:
+                return Outcome.CANCELLED if ticket.superseded else Outcome.TIMEOUT
+        return Outcome.OK
+
+    async def _hold(self, request: NormalizedRequest, record: RequestRecord) -> bool:
+        """The dispatch hold; False when a newer request of the session replaced this one meanwhile."""
+        policies = self.policies
+        dispatch = policies.dispatch
+        if dispatch is None:
+            window = policies.debouncer.window_s
+        else:
+            busy = not policies.admission.has_free_slot() or policies.supersede.admitted(request.session) > 0
+            window = dispatch.hold_s(request.session, busy)
+        if window <= 0:  # nothing is held, and the clock (a system call on some machines) is not read
+            await policies.debouncer.hold(request.session, 0)
+            record.held(0.0)
+            return True
+        held_from = self.clock.now()
+        go_on = await policies.debouncer.hold(request.session, window)
+        record.held((self.clock.now() - held_from) * 1000)
+        return go_on
+
+    async def _reuse(
+        self, request: NormalizedRequest, hit: Hit, answer: Answer, completion: Completion, record: RequestRecord
+    ) -> Outcome | None:
+        """Answer from an earlier completion the person typed through; None when it turned out not to fit
+        before anything was sent (the request then goes on as usual)."""
+        policies = self.policies
+        flight = hit.entry.flight
+        source = flight.completion
+        completion.model, completion.created = source.model, source.created
+        completion.upstream_id = source.upstream_id  # whose completion this is the rest of
+        completion.context_tokens, completion.max_tokens = source.context_tokens, source.max_tokens
+        max_tokens, stops = self._asked(request)
+        if flight.done:
+            rest = hit.rest(cut=flight.cut)
+            if rest is None:
+                return None
+            finish: str | None = (source.finish_reason or "stop") if flight.finished else "length"
+            end, why = rest_end(flight, len(hit.typed), max_tokens, stops)
+            if end is not None and end - len(hit.typed) < len(rest):
+                rest, finish = rest[: end - len(hit.typed)], why
+            if self.policies.postprocess:  # the remainder is cleaned as a completion of its own
+                clean = Cleaner(request.prefix, request.suffix)
+                rest = clean.feed(rest) + clean.finish()
+                if clean.stopped is not None:
+                    finish = "stop"
+                    record.cleaned_by(clean.stopped)
+            if not rest:
+                return None
+            return await self._send_reused(completion, answer, record, rest, finish)
+        # Still streaming: follow it (a newer keystroke supersedes this request as it would any other).
+        flight.listeners += 1
+        sent = 0
+        cleaner = Cleaner(request.prefix, request.suffix) if policies.postprocess else None
+        try:
+            with policies.supersede.admit(request.session) as ticket:
+                deadline = Deadline.start(self.clock, policies.ttft_timeout_s, policies.timeout_s)
+                ticket.scope.deadline = deadline.first_token
+                with ticket.scope:
+                    seen = taken = 0
+                    gate = LineGate()
+                    limited: str | None = None  # the finish reason of this request's own limits, once reached
+                    while True:
+                        await flight.wait(seen)
+                        seen = len(flight.batches)
+                        text = source.text
+                        if not (text.startswith(hit.typed) or hit.typed.startswith(text)):
+                            break  # it wrote something else than what was typed
+                        end, limited = rest_end(flight, len(hit.typed), max_tokens, stops)
+                        if end is not None:
+                            text = text[:end]
+                        new = text[len(hit.typed) + taken :] if len(text) > len(hit.typed) + taken else ""
+                        taken += len(new)
+                        if cleaner is not None:
+                            new = cleaner.feed(new)
+                            if flight.done and not flight.cut and cleaner.stopped is None:
+                                new += cleaner.finish()
+                            if cleaner.stopped is not None:
+                                limited = "stop"
+                                record.cleaned_by(cleaner.stopped)
+                        piece = gate.feed(new) if new else ""
+                        if (flight.done and not flight.cut) or limited:
+                            piece += gate.flush()
+                        if piece:
+                            if not sent:
+                                self.telemetry.first_token(record)
+                                ticket.scope.deadline = deadline.total
+                            sent += len(piece)
+                            chunk = Chunk(piece)
+                            completion.add(chunk)
+                            await answer.send(completion, [chunk])
+                        if flight.done or limited:
+                            break
+                if ticket.scope.cancelled_caught:
+                    return Outcome.CANCELLED if ticket.superseded else Outcome.TIMEOUT
+        finally:
+            self.flights.leave(flight, drop=cleaner is not None and cleaner.stopped is not None)
+        if not sent:
+            return None
+        completion.finish_reason = limited or ((source.finish_reason or "stop") if flight.finished else "length")
+        return Outcome.REUSED
+
+    def _asked(self, request: NormalizedRequest) -> tuple[int | None, list[str]]:
+        """What this request's own answer may hold: at most this many tokens, up to these stop strings."""
+        cap = self.budget.settings.max_tokens
+        max_tokens = cap if request.max_tokens is None else min(request.max_tokens, cap)
+        stop = request.params.get("stop")
+        stops = [stop] if isinstance(stop, str) else [s for s in stop or () if isinstance(s, str)]
+        return max_tokens, stops
+
+    async def _send_reused(
+        self, completion: Completion, answer: Answer, record: RequestRecord, rest: str, finish: str | None
+    ) -> Outcome:
+        chunk = Chunk(rest, finish_reason=finish or "stop")
+        completion.add(chunk)
+        self.telemetry.first_token(record)
+        await answer.send(completion, [chunk])
+        return Outcome.REUSED
+
+    async def _stream(
+        self,
+        request: NormalizedRequest,
+        prompt: BudgetedPrompt,
+        answer: Answer,
+        completion: Completion,
+        record: RequestRecord,
+        lease: Lease,
+        ticket: Ticket | None,
+        deadline: Deadline | None,
+    ) -> None:
+        """Start the upstream request in its own task (it owns `lease`) and relay it to `answer`."""
+        record.sent()
+        completion.context_tokens, completion.max_tokens = prompt.context_tokens, prompt.max_tokens
+        flight = self.flights.start(request, prompt, completion, lease)
+        if self.policies.reuse is not None and not request.warm_up:
+            self.policies.reuse.remember(request, flight)
+        seen = 0
+        gate = LineGate(flight.capped)  # a cut completion ends at a complete line
+        cleaner = Cleaner(request.prefix, request.suffix) if self.policies.postprocess else None
+        try:
+            while cleaner is None or cleaner.stopped is None:
+                await flight.wait(seen)
+                for batch in flight.batches[seen:]:
+                    seen += 1
+                    if record.ttft_ms is None and any(chunk.has_text for chunk in batch):
+                        self.telemetry.first_token(record)
+                        if ticket is not None and deadline is not None:
+                            ticket.scope.deadline = deadline.total  # the first-token deadline is met
+                    shown = gate.pass_batch(batch if cleaner is None else cleaner.pass_batch(batch))
+                    for chunk in shown:
+                        completion.add(chunk)  # what this client was sent, and nothing more
+                    if shown:
+                        await answer.send(completion, shown)
+                    if cleaner is not None and cleaner.stopped is not None:
+                        record.cleaned_by(cleaner.stopped)
+                        break
+                if flight.done and seen == len(flight.batches):
+                    break
+            rest = gate.flush() if not flight.cut or completion.finish_reason == "stop" else ""
+            if rest:
+                chunk = Chunk(rest)
+                completion.add(chunk)
+                await answer.send(completion, [chunk])
+        finally:
+            timed_out = ticket is not None and ticket.scope.cancel_called and not ticket.superseded
+            ended_early = cleaner is not None and cleaner.stopped is not None and not flight.done
+            self.flights.leave(flight, timed_out=timed_out and record.ttft_ms is None, drop=ended_early)
+            completion.served_by = flight.completion.served_by
+        if flight.error is not None and not ended_early:
+            raise flight.error
+        record.answered()

@@ -1,0 +1,336 @@
+"""Settings: one frozen model, filled from CLI > environment `MELLUM_PROXY_*` > TOML file > defaults.
+
+Each field is at once a CLI flag (`debounce_ms` -> `--debounce-ms`), an environment variable
+(`MELLUM_PROXY_DEBOUNCE_MS`) and a TOML key (`debounce_ms = 150`). The precedence is written once,
+in `Settings.settings_customise_sources`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import ipaddress
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG_FILE = Path("~/.config/mellum-proxy/config.toml")
+
+
+class SettingsError(ValueError):
+    """A setting is invalid or unknown; the message is one readable line that names it."""
+
+
+def redact_url(url: str) -> str:
+    """`url` as it may be shown (status, errors, logs): credentials in it (`user:password@`) become `***@`."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if not sep or "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
+
+
+def login_name() -> str:
+    """The developer's login name (the default routing key), or `developer` when it cannot be read."""
+    try:
+        return getpass.getuser() or "developer"
+    except (KeyError, OSError):  # no name for this uid (a container)
+        return "developer"
+
+
+def _true(value: Any) -> bool:
+    """A boolean setting as any source gives it (the environment and the CLI give strings)."""
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"))
+
+
+def _listed(value: Any) -> Any:
+    """A list setting from one string (the environment, a TOML string): comma-separated values."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+# What `--embedded` (the packaged gemma-3-270m on this machine's CPU, no --upstream) changes, unless set: a CPU
+# prefills ~100-200 tokens/s and decodes ~35 (one thread, `bench first-run`), so a new file's first prompt takes
+# 1-2 s before its first token and a 128-token answer 4 s. Completions end at a blank line and at 48 tokens, and
+# the deadline leaves room for a cold prompt: a complete suggestion shows, later than from a GPU server.
+EMBEDDED_DEFAULTS: dict[str, Any] = {"timeout_ms": 3000, "max_tokens": 48, "stop_at_blank_line": True}
+
+
+def upstream_base_url(url: str) -> str:
+    """A server's base URL as the proxy uses it: no trailing slash, and no trailing `/v1`."""
+    return url.strip().rstrip("/").removesuffix("/v1")
+
+
+class Settings(BaseSettings):
+    """Everything `mellum-proxy serve` can be told. Units are in the names."""
+
+    model_config = SettingsConfigDict(env_prefix="MELLUM_PROXY_", extra="forbid", frozen=True)
+
+    # --- where we listen and what we talk to -------------------------------------------------
+    listen: str = Field("127.0.0.1:8011", description="HOST:PORT to listen on (loopback by default).")
+    auth_token: str | None = Field(
+        None, min_length=8, description="When set, every request must carry `Authorization: Bearer TOKEN`."
+    )
+    upstream: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("http://127.0.0.1:8000",),
+        description="Base URL of the model server (a trailing /v1 is accepted); repeat it for fallbacks, in order.",
+    )
+    upstream_api_key: str | None = Field(
+        None, description="Sent to the upstream as `Authorization: Bearer KEY` (vLLM --api-key, LM Studio, a router)."
+    )
+    upstream_model: str | None = Field(
+        None, description="Model name sent upstream (default: the one model the upstream lists in /v1/models)."
+    )
+    upstream_kind: Literal["auto", "llama.cpp", "vllm", "ollama", "lmstudio", "openai"] = Field(
+        "auto", description="What the upstream is (auto: told apart by what it answers)."
+    )
+    upstream_header: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="NAME=VALUE sent on every upstream request (a gateway token, an llm-d objective); repeatable."
+    )
+    routing_key: Literal["developer", "session", "none"] = Field(
+        "developer", description="What keys a router's sticky routing: the developer, the editor session, or none."
+    )
+    routing_key_header: str = Field(
+        "X-Session-Id", min_length=1, description="Header the routing key goes in (vllm-router's consistent hashing)."
+    )
+    developer_id: str = Field(
+        default_factory=login_name, min_length=1, description="This developer's routing key (default: login name)."
+    )
+    health_interval_ms: int = Field(
+        1000, ge=50, description="With several upstreams: how often each one's health is checked."
+    )
+    embedded: bool = Field(
+        False, description="Start an in-process llama.cpp server: the upstream, or the last fallback after --upstream."
+    )
+    model: Path | None = Field(None, description="GGUF for --embedded (default: the packaged gemma-3-270m).")
+    embedded_ctx_tokens: int = Field(4096, ge=256, description="Embedded server's total context (all slots).")
+    embedded_slots: int = Field(2, ge=1, le=64, description="Embedded server's parallel slots.")
+    embedded_threads: int = Field(0, ge=0, description="Embedded server's CPU threads (0: half the cores).")
+
+    # --- request handling --------------------------------------------------------------------
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
+    upstream_connect_timeout_ms: int = Field(1000, ge=1, description="Give up connecting after this long.")
+    upstream_answer_timeout_ms: int = Field(
+        5000, ge=0, description="Longest wait for a completion's answer to start (status, headers; 0: none)."
+    )
+    passthrough_timeout_ms: int = Field(
+        30000, ge=0, description="Longest silence from the upstream on forwarded routes (chat, models; 0: none)."
+    )
+    shutdown_timeout_s: float = Field(5.0, ge=0, description="Grace period for in-flight requests on exit.")
+
+    # --- completion policies -----------------------------------------------------------------
+    dispatch: Literal["adaptive", "fixed"] = Field(
+        "adaptive", description="How long a request is held: from typing rhythm and server load, or debounce_ms."
+    )
+    debounce_ms: int = Field(
+        150, ge=0, description="dispatch=fixed: hold each request this long (setting it alone selects fixed)."
+    )
+    hold_idle_max_ms: int = Field(0, ge=0, description="adaptive: longest hold while the upstream is idle.")
+    hold_busy_max_ms: int = Field(0, ge=0, description="adaptive: longest hold while the upstream is busy.")
+    hold_min_ms: int = Field(
+        2, ge=0, description="adaptive: a session whose edits arrive this close together is held this long."
+    )
+    hold_gap_factor: float = Field(1.0, ge=0, le=10, description="adaptive: hold = this x the median typing gap.")
+    reuse: bool = Field(True, description="Answer typed-through keystrokes from the previous completion.")
+    keep_prefill: bool = Field(
+        False, description="A request past its first-token deadline may finish its prefill while no one waits."
+    )
+    max_inflight: int = Field(1, ge=1, description="Admitted requests per session; the oldest is cancelled.")
+    max_concurrency: int = Field(0, ge=0, description="Requests upstream at once (0: upstream slot count).")
+    max_queue: int = Field(8, ge=0, description="Requests waiting for an upstream slot; more are refused.")
+    ttft_timeout_ms: int = Field(0, ge=0, description="Deadline for the first token (0: off).")
+    timeout_ms: int = Field(1500, ge=0, description="Deadline for the whole request, queue included (0: off).")
+
+    # --- context budget ----------------------------------------------------------------------
+    max_context_tokens: int = Field(2048, ge=64, description="Prompt tokens + max_tokens never exceed this.")
+    max_tokens: int = Field(128, ge=1, description="Cap on the tokens a client may ask for.")
+    prefix_ratio: float = Field(0.75, ge=0, le=1, description="Share of the prompt budget before the cursor.")
+    context_step_lines: int = Field(16, ge=1, description="Window edges move in blocks of this many lines.")
+    tokenizer: str = Field(
+        "auto", description="'auto', 'upstream', 'chars', or a tokenizer.json, a .gguf or a model directory."
+    )
+    fim_template: str = Field(
+        "mellum",
+        description="mellum|starcoder|codellama|deepseek|qwen|codestral|prefix|none|custom (default: checked).",
+    )
+    complete_in_comments: bool = Field(True, description="Complete when the cursor is in a comment/string.")
+    postprocess: bool = Field(
+        True, description="Clean completions while they stream (suffix repeats, repeated lines, FIM markers, ...)."
+    )
+    stop_at_blank_line: bool = Field(
+        False, description="End every completion at its first blank line, where a block ends (on with --embedded)."
+    )
+    default_temperature: float | None = Field(
+        None, ge=0, le=5, description="Temperature sent when the client sends none (default: the server's own)."
+    )
+
+    # --- telemetry ---------------------------------------------------------------------------
+    log: Path | None = Field(None, description="Append one JSON line per request to this file.")
+    log_max_mb: float = Field(64.0, gt=0, description="Rotate the request log past this size (keeps 3).")
+    log_content: bool = Field(False, description="Also log prompt, suffix and completion text.")
+    record: Path | None = Field(None, description="Record every incoming completion request (for bench replay).")
+    vram_interval_ms: int = Field(200, ge=10, description="GPU memory sampling period.")
+    gpu: int = Field(0, ge=0, description="NVML index of the GPU the upstream runs on.")
+    upstream_pid: int = Field(0, ge=0, description="Upstream server's PID, for its own GPU usage (0: unknown).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _embedded_defaults(cls, data: Any) -> Any:
+        """With `--embedded` as the only upstream, `EMBEDDED_DEFAULTS` for what the user did not set."""
+        if isinstance(data, dict) and _true(data.get("embedded")) and "upstream" not in data:
+            data = {**EMBEDDED_DEFAULTS, **data}
+        return data
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8011")
+        return value
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _check_tokenizer(cls, value: str) -> str:
+        if value in ("auto", "upstream", "chars"):
+            return value
+        path = Path(value).expanduser()
+        if not path.exists():
+            raise ValueError("expected auto, upstream, chars, or a path: tokenizer.json, .gguf or model directory")
+        return str(path)
+
+    @field_validator("fim_template")
+    @classmethod
+    def _check_template(cls, value: str) -> str:
+        from mellum_proxy.budget.templates import template_for
+
+        template_for(value)  # raises ValueError with the known names
+        return value
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _normalize_upstream(cls, value: Any) -> Any:
+        value = _listed(value)
+        if not isinstance(value, list | tuple):
+            return value
+        if not value:
+            raise ValueError("expected at least one URL")
+        for url in value:
+            if not isinstance(url, str) or not url.strip().startswith(("http://", "https://")):
+                raise ValueError("expected an http:// or https:// URL")
+        return tuple(upstream_base_url(url) for url in value)
+
+    @field_validator("upstream_header", mode="before")
+    @classmethod
+    def _check_headers(cls, value: Any) -> Any:
+        value = _listed(value)
+        for item in value if isinstance(value, list | tuple) else ():
+            name, sep, _ = str(item).partition("=")
+            name = name.strip()
+            if not sep or not name or any(c in name for c in " :\r\n"):
+                raise ValueError(f"expected NAME=VALUE, got {item!r}")
+        return value
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """`upstream_header` as a mapping."""
+        pairs = (item.partition("=") for item in self.upstream_header)
+        return {name.strip(): value.strip() for name, _, value in pairs}
+
+    @property
+    def dispatch_rule(self) -> str:
+        """`dispatch`, except that setting `debounce_ms` without `dispatch` asks for the fixed hold."""
+        if "debounce_ms" in self.model_fields_set and "dispatch" not in self.model_fields_set:
+            return "fixed"
+        return self.dispatch
+
+    def shown(self) -> dict[str, Any]:
+        """The settings as `/status` shows them: no secret, no credential in a URL."""
+        values = self.model_dump(mode="json")
+        values["upstream"] = [redact_url(url) for url in self.upstream]
+        values["upstream_header"] = [f"{name}=***" for name in self.headers]
+        values["auth_token"] = "***" if self.auth_token else None
+        values["upstream_api_key"] = "***" if self.upstream_api_key else None
+        return values
+
+    @property
+    def loopback_only(self) -> bool:
+        """Whether only this machine can reach the proxy."""
+        host = self.listen_host
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False  # a name that may resolve beyond this machine
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Precedence, highest first: CLI (passed as init values) > environment > TOML file > defaults. The TOML
+        # file is the one `load_settings` names (`toml_file` of its subclass); none without it.
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def load_settings(cli: Mapping[str, Any] | None = None, config_file: Path | None = None) -> Settings:
+    """Build the settings from CLI values, the environment and a TOML file.
+
+    Args:
+        cli: values given on the command line (only those the user typed).
+        config_file: the `--config` file; without it `~/.config/mellum-proxy/config.toml` is read
+            when it exists.
+
+    Raises:
+        SettingsError: one readable line naming the setting that is wrong.
+    """
+    path = config_file
+    if path is None:
+        default = DEFAULT_CONFIG_FILE.expanduser()
+        path = default if default.is_file() else None
+    elif not path.is_file():
+        raise SettingsError(f"config file {path} does not exist")
+    source = _from_file(path) if path is not None else Settings
+    try:
+        return source(**dict(cli or {}))
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, path)) from exc
+    except ValueError as exc:  # TOML syntax errors arrive as tomllib.TOMLDecodeError (a ValueError)
+        raise SettingsError(f"config file {path}: {exc}") from exc
+
+
+def _from_file(path: Path) -> type[Settings]:
+    """`Settings` whose TOML source reads `path` (a `Settings` in every other way)."""
+    config = SettingsConfigDict(**{**Settings.model_config, "toml_file": path})
+    return type("Settings", (Settings,), {"model_config": config, "__module__": __name__})
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    first = exc.errors()[0]
+    name = ".".join(str(part) for part in first["loc"]) or "settings"
+    if first["type"] == "extra_forbidden":
+        where = f" in {path}" if path else ""
+        return f"unknown setting '{name}'{where}"
+    return f"invalid setting '{name}' = {first.get('input')!r}: {first['msg']}"

@@ -1,0 +1,26 @@
+"""Editor wire formats, one module each, and the registry the HTTP routes are generated from.
+
+Each `Dialect` parses its bodies into a `NormalizedRequest`, encodes the answer in its own shape,
+renders errors its own way, and answers its plugins' discovery calls.
+"""
+
+from mellum_proxy.dialects.base import CompletionRoute, Dialect, Discovery, DiscoveryRoute, Encoder
+from mellum_proxy.dialects.llamacpp import LLAMACPP
+from mellum_proxy.dialects.ollama import OLLAMA
+from mellum_proxy.dialects.openai import OPENAI
+
+REGISTRY: tuple[Dialect, ...] = (OPENAI, LLAMACPP, OLLAMA)
+DEFAULT = OPENAI  # the error shape of paths no dialect owns
+
+__all__ = [
+    "DEFAULT",
+    "LLAMACPP",
+    "OLLAMA",
+    "OPENAI",
+    "REGISTRY",
+    "CompletionRoute",
+    "Dialect",
+    "Discovery",
+    "DiscoveryRoute",
+    "Encoder",
+]

@@ -1,0 +1,92 @@
+"""`mellum-proxy editor-config NAME` and `mellum-proxy service install|uninstall|status`."""
+
+from __future__ import annotations
+
+import argparse
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from mellum_proxy.config import DEFAULT_CONFIG_FILE, Settings, SettingsError, load_settings
+from mellum_proxy.console import fail
+from mellum_proxy.editor import service
+from mellum_proxy.editor.configs import CONFIGS, render
+from mellum_proxy.settings_flags import add_settings_flags, settings_given
+
+
+def _settings(config: Path | None, given: dict[str, Any] | None = None) -> Settings:
+    try:
+        return load_settings(given or {}, config)
+    except SettingsError as exc:
+        fail(str(exc))
+
+
+def add_commands(commands: Any) -> None:
+    editor = commands.add_parser("editor-config", help="print a plugin's config filled in with the proxy's settings")
+    editor.add_argument("name", choices=sorted(CONFIGS))
+    add_settings_flags(editor)  # the settings `serve` would run with the same flags (`--embedded` included)
+
+    svc = commands.add_parser("service", help="run the proxy at login (systemd --user or launchd)")
+    svc.add_argument("action", choices=["install", "uninstall", "status"])
+    svc.add_argument("--config", type=Path, help=f"settings the service serves with [default: {DEFAULT_CONFIG_FILE}]")
+    svc.add_argument("--unit-dir", type=Path, help="write the unit here instead of the user's service directory")
+    svc.add_argument("--no-activate", action="store_true", help="write the unit only; do not start or stop it")
+
+
+def run_editor_config(args: argparse.Namespace) -> None:
+    print(render(args.name, _settings(args.config, settings_given(args))), end="")
+
+
+def _config_path(args: argparse.Namespace) -> Path:
+    return (args.config or DEFAULT_CONFIG_FILE).expanduser().resolve()
+
+
+def run_service(args: argparse.Namespace) -> None:
+    config = _config_path(args)
+    files = service.plan(config, args.unit_dir)
+    if args.action == "install":
+        if not config.exists():  # the service must not depend on the shell's environment
+            settings = _settings(None)
+            config.parent.mkdir(parents=True, exist_ok=True)
+            upstreams = ", ".join(f'"{url}"' for url in settings.upstream)
+            config.write_text(f'listen = "{settings.listen}"\nupstream = [{upstreams}]\n')
+            print(f"wrote {config}")
+        else:
+            _settings(config)  # refuse to install a service that would fail on its settings
+        service.write(files)
+        print(f"wrote {files.unit_path} ({files.platform}); logs go to {files.log_path}")
+        problems = [] if args.no_activate else service.run_commands(service.activation_commands(files, True))
+        for problem in problems:
+            print(f"note: {problem}")
+    elif args.action == "uninstall":
+        problems = [] if args.no_activate else service.run_commands(service.activation_commands(files, False))
+        if files.unit_path.exists():
+            files.unit_path.unlink()
+            print(f"removed {files.unit_path}")
+        else:
+            print(f"no unit at {files.unit_path}")
+        for problem in problems:
+            print(f"note: {problem}")
+    else:
+        _status(files)
+
+
+def _status(files: service.ServiceFiles) -> None:
+    installed = files.unit_path.exists()
+    running = service.is_running(files) if installed else False
+    settings = _settings(files.config_path if files.config_path.exists() else None)
+    url = f"http://{settings.listen}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            answers = f"answers on {url} (HTTP {resp.status})"
+    except urllib.error.HTTPError as exc:
+        answers = f"answers on {url} (HTTP {exc.code}: upstream unreachable)"
+    except (urllib.error.URLError, OSError):
+        answers = f"nothing answers on {url}"
+    state = {True: "running", False: "not running", None: "unknown (no service manager)"}[running]
+    print(f"service: {'installed at ' + str(files.unit_path) if installed else 'not installed'}; {state}")
+    print(f"proxy: {answers}")
+
+
+HANDLERS = {"editor-config": run_editor_config, "service": run_service}

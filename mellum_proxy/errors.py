@@ -1,0 +1,121 @@
+"""The proxy's error tree. Each error knows its HTTP status and a stable `type` string.
+
+    ProxyError
+     ├── InvalidRequestError        400  the client's body is not what the endpoint takes
+     ├── RequestTooLargeError       413  body over --max-body-bytes
+     ├── UnauthorizedError          401  no or a wrong --auth-token
+     ├── ForbiddenError             403  a web page's request: a foreign Host, Origin or Sec-Fetch-Site
+     ├── NotFoundError              404  unknown path
+     ├── MethodNotAllowedError      405
+     ├── RequestTimeoutError        408  the request's body did not arrive in time
+     ├── UnsupportedMediaTypeError  415  a body a web page can send without asking (text/plain, a form)
+     └── UpstreamError              502  anything that went wrong talking to the model server
+          ├── UpstreamUnavailableError  502  connection refused / reset / DNS
+          ├── UpstreamTimeoutError      504  the upstream did not answer in time
+          ├── UpstreamProtocolError     502  the upstream answered something we cannot read
+          └── UpstreamStatusError       the upstream's own 4xx passed on; its 5xx is a 502 (503, 504 kept)
+
+Policy outcomes (debounced, cancelled, queue full, timeout, skipped) are *not* errors: they are
+answered with HTTP 200 and an empty completion (see `mellum_proxy.models.Outcome`).
+"""
+
+from __future__ import annotations
+
+MAX_MESSAGE_CHARS = 300  # an upstream's error text is cut here: some quote the prompt they were sent
+
+
+class ProxyError(Exception):
+    """Root of every error the proxy answers with an error body."""
+
+    status: int = 500
+    type: str = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def upstream_status(self) -> int:
+        """The status to record as the upstream's (the one the client got, unless the upstream said another)."""
+        return self.status
+
+
+class InvalidRequestError(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class RequestTooLargeError(ProxyError):
+    status = 413
+    type = "request_too_large"
+
+
+class UnauthorizedError(ProxyError):
+    status = 401
+    type = "unauthorized"
+
+
+class ForbiddenError(ProxyError):
+    status = 403
+    type = "forbidden"
+
+
+class NotFoundError(ProxyError):
+    status = 404
+    type = "not_found"
+
+
+class MethodNotAllowedError(ProxyError):
+    status = 405
+    type = "method_not_allowed"
+
+
+class RequestTimeoutError(ProxyError):
+    status = 408
+    type = "request_timeout"
+
+
+class UnsupportedMediaTypeError(ProxyError):
+    status = 415
+    type = "unsupported_media_type"
+
+
+class UpstreamError(ProxyError):
+    status = 502
+    type = "upstream_error"
+
+
+class UpstreamUnavailableError(UpstreamError):
+    status = 502
+    type = "upstream_unavailable"
+
+
+class UpstreamTimeoutError(UpstreamError):
+    status = 504
+    type = "upstream_timeout"
+
+
+class UpstreamProtocolError(UpstreamError):
+    status = 502
+    type = "upstream_protocol_error"
+
+
+class UpstreamStatusError(UpstreamError):
+    """The upstream answered with an HTTP error; its message (cut to `MAX_MESSAGE_CHARS`) is passed on.
+
+    A 4xx keeps its status (the request was wrong for that server). A 5xx is the gateway's 502: the
+    proxy did not fail, its upstream did; 503 (loading, overloaded) and 504 are kept, as clients retry
+    on them.
+    """
+
+    def __init__(self, status: int, message: str, error_type: str = "upstream_error") -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + "..."
+        super().__init__(message)
+        self.status = status if status < 500 or status in (503, 504) else 502
+        self.type = error_type
+        self._upstream_status = status
+
+    @property
+    def upstream_status(self) -> int:
+        return self._upstream_status

@@ -1,0 +1,105 @@
+"""`ConnectionGuard`: the connections the proxy takes, bounded in number and in how slowly they may start.
+
+A client that opens connections and never finishes a request's headers (slowloris) would keep each one
+forever: aiohttp has no deadline for headers, and at the process's file limit the listener stops
+accepting and asyncio logs every failed accept. So at most `limit` connections are open at once (half
+the file limit, at most `MAX_CONNECTIONS`; the editor needs a few), one more is closed as it comes, and a
+connection that has not sent its first request's headers within `header_s` is closed. A request whose
+body does not arrive in time is the handler's (`mellum_proxy.http.routes.read_json`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from collections.abc import Callable
+from typing import Any
+
+MAX_CONNECTIONS = 256
+HEADER_S = 10.0  # for a new connection to deliver its first request's headers
+_END_OF_HEADERS = b"\r\n\r\n"
+
+
+def connection_limit() -> int:
+    """`MAX_CONNECTIONS`, or half the process's open-file limit when that is lower."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(16, min(MAX_CONNECTIONS, soft // 2))
+
+
+class ConnectionGuard:
+    """Wraps a protocol factory (aiohttp's `Server`) for `loop.create_server`."""
+
+    def __init__(
+        self,
+        factory: Callable[[], asyncio.Protocol] | None = None,
+        limit: int | None = None,
+        header_s: float = HEADER_S,
+    ) -> None:
+        self.factory = factory  # aiohttp's `Server`, once the runner is set up
+        self.limit = connection_limit() if limit is None else limit
+        self.header_s = header_s
+        self.open = 0
+        self.refused = 0  # connections closed because `limit` were open
+        self.too_slow = 0  # connections closed for not sending their headers in time
+
+    def __call__(self) -> asyncio.Protocol:
+        assert self.factory is not None, "set `factory` before listening"
+        if self.open >= self.limit:
+            self.refused += 1
+            return _Refused()
+        return _Guarded(self, self.factory())
+
+
+class _Refused(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class _Guarded(asyncio.Protocol):
+    """aiohttp's handler for one connection, with a deadline for its first request's headers."""
+
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+        self.guard = guard
+        self.inner = inner
+        self.transport: asyncio.BaseTransport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.tail = b""  # the last bytes seen, for an end of headers split between two reads
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.guard.open += 1
+        self.transport = transport
+        self.timer = asyncio.get_running_loop().call_later(self.guard.header_s, self._too_slow)
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.timer is not None:
+            if _END_OF_HEADERS in self.tail + data[:4] or _END_OF_HEADERS in data:
+                self.timer.cancel()
+                self.timer = None
+            else:
+                self.tail = data[-3:]
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.open -= 1
+        if self.timer is not None:
+            self.timer.cancel()
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def _too_slow(self) -> None:
+        self.timer = None
+        self.guard.too_slow += 1
+        if isinstance(self.transport, asyncio.Transport):
+            self.transport.abort()  # no lingering: the client sent nothing worth waiting for
+
+    def __getattr__(self, name: str) -> Any:  # anything else aiohttp may ask of its protocol
+        return getattr(self.inner, name)

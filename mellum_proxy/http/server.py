@@ -1,0 +1,84 @@
+"""Running an app on a socket: `serve_app` (any app, a loopback port by default, for the bench and
+tests too) and `serve` (the proxy in the foreground until SIGINT/SIGTERM).
+
+Shutdown: for `ACCEPT_AFTER_STOP_S` after the signal the proxy goes on serving, so that a request
+already on the wire (sent, not yet read) is answered and logged rather than cut off; then it stops
+accepting, lets the completions in flight finish within `shutdown_timeout_s`, answers each one still
+open with what it has and its dialect's final event (outcome `shutdown`), cancels and awaits the
+service's own tasks, and only then runs aiohttp's shutdown (what is left: pass-through streams and idle
+connections, within `LEFTOVER_S`) and the cleanup contexts (upstream session, embedded server, request
+log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+
+from mellum_proxy.config import Settings
+from mellum_proxy.http.app import build_app
+from mellum_proxy.http.connections import ConnectionGuard
+from mellum_proxy.http.keys import CONNECTIONS, SERVICE, UPSTREAMS
+
+ACCEPT_AFTER_STOP_S = 0.2  # requests sent just before the signal still arrive in this window
+LEFTOVER_S = 1.0  # after the completions are answered: for anything else still open (a pass-through stream)
+
+
+@asynccontextmanager
+async def serve_app(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0, shutdown_timeout_s: float = 5.0
+) -> AsyncIterator[str]:
+    """Serve `app` on `host:port` (0: a free port) for the body of the `async with`; yields its URL."""
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout_s, access_log=None)
+    await runner.setup()
+    listener: asyncio.Server | None = None
+    try:
+        listener = await listen(runner, host, port)
+        bound_host, bound_port = listener.sockets[0].getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        yield f"http://{shown}:{bound_port}"
+    finally:
+        if listener is not None:
+            listener.close()
+        await runner.cleanup()
+
+
+async def listen(runner: web.AppRunner, host: str, port: int) -> asyncio.Server:
+    """Accept connections for `runner`'s app through a `ConnectionGuard` (its counts go to `/status`)."""
+    assert runner.server is not None, "runner.setup() first"
+    guard = runner.app.get(CONNECTIONS) or ConnectionGuard()
+    guard.factory = runner.server
+    return await asyncio.get_running_loop().create_server(guard, host, port, reuse_address=True)
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set or a termination signal arrives."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    app = build_app(settings)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=LEFTOVER_S, access_log=None)
+    await runner.setup()
+    try:
+        listener = await listen(runner, settings.listen_host, settings.listen_port)
+        upstream = " then ".join(member.client.shown_url for member in app[UPSTREAMS].members)
+        print(f"mellum-proxy listening on http://{settings.listen} -> upstream {upstream}", flush=True)
+        if not settings.loopback_only:
+            reach = "with --auth-token required" if settings.auth_token else "WITHOUT a token (set --auth-token)"
+            print(f"mellum-proxy: WARNING: listening on {settings.listen_host}, beyond this machine, "
+                  f"{reach}; completions carry source code", file=sys.stderr, flush=True)  # fmt: skip
+        await stop.wait()
+        print("mellum-proxy: shutting down", flush=True)
+        await asyncio.sleep(ACCEPT_AFTER_STOP_S)
+        listener.close()  # no new connection from here on
+        await app[SERVICE].close(settings.shutdown_timeout_s)
+    finally:
+        await runner.cleanup()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

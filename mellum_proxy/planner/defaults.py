@@ -1,0 +1,79 @@
+"""`mellum-proxy defaults`: write `defaults.env` and the matching proxy and server settings.
+
+The pick is the sweep's `best` at the context the work needs; the stress values are what the first real
+run must try (a default is only trusted after a run with inputs near its limit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mellum_proxy.planner.shapes import ModelShape
+from mellum_proxy.planner.sweep import Cell, SweepSpec, best, sweep
+
+CANDIDATE_QUANTS = ("q4", "q5", "q6", "q8", "bf16")
+CANDIDATE_BATCHES = (1, 2, 3, 4, 6, 8)
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    quant: str
+    context: int
+    batch: int
+    stress_context: int
+    stress_batch: int
+    target_util: float
+    pick: Cell
+
+    def env(self) -> str:
+        return (
+            f"MODEL_QUANT={self.quant}\nCTX_DEFAULT={self.context}\nBATCH_DEFAULT={self.batch}\n"
+            f"CTX_STRESS={self.stress_context}\nBATCH_STRESS={self.stress_batch}\n"
+        )
+
+    def flags(self) -> str:
+        return "\n".join(
+            [
+                "proxy (config.toml):",
+                f"  max_context_tokens = {self.context}",
+                f"  max_concurrency = {self.batch}",
+                "vLLM:",
+                f"  --max-model-len {self.context} --max-num-seqs {self.batch} "
+                f"--gpu-memory-utilization {self.target_util}",
+                "llama.cpp (llama-server; -c is the total of all slots):",
+                f"  -c {self.context * self.batch} -np {self.batch} -ngl 99",
+                "Ollama:",
+                f"  num_ctx {self.context}   OLLAMA_NUM_PARALLEL={self.batch}",
+                f"stress run: context {self.stress_context}, {self.stress_batch} at once "
+                "(mellum-proxy bench ladder) before trusting these",
+            ]
+        )
+
+
+def choose(
+    shape: ModelShape,
+    gpu_gib: float,
+    context: int,
+    stress_context: int | None,
+    batch: int | None,
+    spec_overrides: dict[str, Any],
+    measured: tuple[str, int] | None,
+) -> tuple[Defaults | None, str]:
+    batches = (batch,) if batch else CANDIDATE_BATCHES
+    spec = SweepSpec(
+        gpu_gib=gpu_gib,
+        quants=CANDIDATE_QUANTS,
+        contexts=(context,),
+        batches=batches,
+        business_context=context,
+        **spec_overrides,
+    )
+    pick, why = best(sweep(shape, spec, measured), spec)
+    if pick is None:
+        return None, why
+    stress_ctx = stress_context or min(2 * context, shape.max_context or 2 * context)
+    stress_spec = replace(spec, quants=(pick.quant,), contexts=(stress_ctx,), batches=CANDIDATE_BATCHES)
+    survivable = [c.batch for c in sweep(shape, stress_spec, measured) if c.label != "OOM_RISK"]
+    stress_batch = max([b for b in survivable if b >= pick.batch], default=pick.batch)
+    return Defaults(pick.quant, context, pick.batch, stress_ctx, stress_batch, spec.target_util, pick), why

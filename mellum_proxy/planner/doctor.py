@@ -1,0 +1,91 @@
+"""`mellum-proxy doctor LOG.jsonl [--probe FILE.csv]`: which knob to move first, and the evidence.
+
+The tuning guide's failure table: fails at load -> quantization or a smaller model; fails only on long
+inputs -> default context, then batch; fails only with several users -> limit concurrency, then batch;
+memory free but slow -> batch or engine.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from mellum_proxy.telemetry.stats import percentile
+
+FAILED = {"upstream_error", "timeout"}
+SLOW_TTFT_MS = 1000.0
+
+
+def _failure_rate(rows: list[dict[str, Any]]) -> float | None:
+    return sum(r.get("outcome") in FAILED for r in rows) / len(rows) if rows else None
+
+
+def _split_by(rows: list[dict[str, Any]], key: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    """The top quarter of rows by `key` and the rest, with the threshold between them."""
+    valued = [r for r in rows if isinstance(r.get(key), int | float)]
+    if len(valued) < 8:
+        return [], [], 0.0
+    threshold = percentile([float(r[key]) for r in valued], 75) or 0.0
+    high = [r for r in valued if float(r[key]) > threshold]
+    return high, [r for r in valued if float(r[key]) <= threshold], threshold
+
+
+def read_probe(path: Path) -> tuple[float | None, float | None]:
+    """Peak used and total MiB from a `mellum-proxy probe --out` CSV."""
+    peak = total = None
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            used, size = float(row["memory.used [MiB]"]), float(row["memory.total [MiB]"])
+            peak = used if peak is None else max(peak, used)
+            total = size
+    return peak, total
+
+
+def diagnose(records: list[dict[str, Any]], probe: tuple[float | None, float | None] = (None, None)) -> dict[str, Any]:
+    reached = [r for r in records if r.get("reached_upstream") or r.get("outcome") in FAILED | {"ok"}]
+    if not reached:
+        return {"verdict": "no evidence", "knob": None, "evidence": ["no request reached the upstream in this log"]}
+    evidence: list[str] = []
+    rate = _failure_rate(reached) or 0.0
+    evidence.append(f"{len(reached)} requests reached the upstream; {rate:.0%} failed or timed out")
+    ok = [r for r in reached if r.get("outcome") == "ok"]
+    if rate >= 0.9 and not ok:
+        return {
+            "verdict": "fails at load (or the server is down)",
+            "knob": "quantization, or a smaller model",
+            "evidence": evidence,
+        }
+    for key, verdict, knob in (
+        ("prompt_tokens_before", "fails only on long inputs", "default context (max_context_tokens), then batch"),
+        ("inflight", "fails only with several requests at once", "limit concurrency (max_concurrency), then batch"),
+    ):
+        high, low, threshold = _split_by(reached, key)
+        high_rate, low_rate = _failure_rate(high), _failure_rate(low)
+        if high_rate is not None and low_rate is not None:
+            evidence.append(f"failure rate with {key} > {threshold:g}: {high_rate:.0%}; otherwise {low_rate:.0%}")
+            if high_rate >= 0.2 and high_rate >= 3 * max(low_rate, 0.02):
+                return {"verdict": verdict, "knob": knob, "evidence": evidence}
+    ttft = [float(r["ttft_ms"]) for r in ok if isinstance(r.get("ttft_ms"), int | float)]
+    p90 = percentile(ttft, 90)
+    if p90 is not None:
+        evidence.append(f"ttft p90 {p90:.0f} ms over {len(ttft)} completed requests")
+    peak, total = probe
+    if peak is None:
+        peaks = [float(r["vram_peak_mib"]) for r in records if isinstance(r.get("vram_peak_mib"), int | float)]
+        peak = max(peaks) if peaks else None
+    if peak is not None and total:
+        evidence.append(f"GPU memory peak {peak:.0f} of {total:.0f} MiB ({peak / total:.0%})")
+    if p90 is not None and p90 > SLOW_TTFT_MS and (peak is None or not total or peak / total < 0.7):
+        return {
+            "verdict": "memory free but slow",
+            "knob": "batch (max_concurrency / -np), or the engine",
+            "evidence": evidence,
+        }
+    if rate > 0.05:
+        return {
+            "verdict": "fails without a clear pattern",
+            "knob": "timeouts first: read the upstream's log",
+            "evidence": evidence,
+        }
+    return {"verdict": "healthy", "knob": None, "evidence": evidence}

@@ -1,0 +1,14 @@
+"""Completion policies: what protects the model server from an editor's request storm.
+
+Each module owns one rule: `debounce` (hold, and drop what a newer request replaces),
+`supersede` (at most N admitted per session; the oldest is cancelled), `admission` (global
+upstream concurrency with a bounded FIFO queue) and `deadline` (first-token and total deadlines).
+"""
+
+from mellum_proxy.policies.admission import AdmissionQueue, Lease, QueueFullError
+from mellum_proxy.policies.deadline import Deadline
+from mellum_proxy.policies.debounce import Debouncer
+from mellum_proxy.policies.dispatch import Dispatch
+from mellum_proxy.policies.supersede import Supersede, Ticket
+
+__all__ = ["AdmissionQueue", "Deadline", "Debouncer", "Dispatch", "Lease", "QueueFullError", "Supersede", "Ticket"]

@@ -1,0 +1,53 @@
+"""`Debouncer`: hold each request of a session for a window; a newer one replaces the held one."""
+
+from __future__ import annotations
+
+import asyncio
+
+from mellum_proxy.clock import LOOP_CLOCK, Clock
+from mellum_proxy.observe import Changes
+
+
+class Debouncer:
+    """Per-session debounce.
+
+    `hold(session)` waits `window_s`. If another request of the same session calls `hold` meanwhile,
+    the earlier call returns False at once (that request is `debounced` and never reaches the
+    upstream) and the newer one starts its own window. A window of 0 disables it.
+    """
+
+    def __init__(self, window_s: float, clock: Clock = LOOP_CLOCK) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._held: dict[str, asyncio.Future[bool]] = {}
+        self.changes = Changes()
+
+    def held(self) -> int:
+        """Requests currently held (for status and tests)."""
+        return len(self._held)
+
+    async def hold(self, session: str, window_s: float | None = None) -> bool:
+        """Wait out the window (`window_s`, default the debouncer's). True: go on; False: a newer request
+        of `session` replaced this one. A held request of the session is replaced even by a 0 window."""
+        previous = self._held.pop(session, None)
+        if previous is not None and not previous.done():
+            previous.set_result(False)
+        window = self.window_s if window_s is None else window_s
+        if window <= 0:
+            return True
+        mine: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._held[session] = mine
+        self.changes.notify()
+        timer = self.clock.call_later(window, _resolve, mine, True)
+        try:
+            return await mine
+        finally:
+            timer.cancel()
+            if self._held.get(session) is mine:
+                del self._held[session]
+            self.changes.notify()
+
+
+def _resolve(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)

@@ -1,0 +1,88 @@
+"""The only place where aiohttp's client exceptions become `mellum_proxy.errors.UpstreamError`s.
+
+The most specific match comes first; the original exception is chained with `from`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import aiohttp
+import orjson
+
+from mellum_proxy.errors import (
+    ProxyError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamStatusError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+
+
+@contextmanager
+def translate_errors(url: str) -> Iterator[None]:
+    """Re-raise transport failures talking to `url` as `UpstreamError`s."""
+    try:
+        yield
+    except UpstreamError:
+        raise
+    except aiohttp.ClientConnectorError as exc:
+        raise UpstreamUnavailableError(f"cannot connect to upstream {url}: {exc.os_error}") from exc
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise UpstreamTimeoutError(f"upstream {url} did not answer in time") from exc
+    except aiohttp.ServerDisconnectedError as exc:
+        raise UpstreamUnavailableError(f"upstream {url} closed the connection") from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise UpstreamProtocolError(f"upstream {url} ended its answer early (broken or cut body)") from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamUnavailableError(f"upstream {url} failed: {exc}") from exc
+
+
+def status_error(status: int, body: bytes) -> UpstreamStatusError:
+    """Build the error for an upstream 4xx/5xx, keeping its message and type when it gave one."""
+    message, error_type = body[:2000].decode("utf-8", "replace") or f"upstream answered {status}", None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        error = parsed.get("error", parsed)
+        if isinstance(error, dict):
+            message = str(error.get("message") or message)
+            error_type = error.get("type")
+        elif isinstance(error, str):
+            message = error
+    return UpstreamStatusError(status, message, str(error_type or "upstream_error"))
+
+
+# How servers say a prompt was over their context (a 400): vLLM (serving_engine.py `_validate_input`), llama.cpp
+# (`exceed_context_size_error`, tools/server), OpenAI-compatible gateways.
+_OVERFLOW = (
+    "maximum context length",
+    "exceed_context_size",
+    "exceeds the available context",
+    "context_length_exceeded",
+)
+_COUNTED = (
+    re.compile(r"\((\d+) in the messages"),  # vLLM: "you requested 2368 tokens (2240 in the messages, ...)"
+    re.compile(r"(\d+) input tokens"),  # vLLM: "your request has 2778 input tokens"
+    re.compile(r"request \((\d+) tokens\)"),  # llama.cpp: "request (4476 tokens) exceeds the available context"
+)
+
+
+def context_overflow(error: ProxyError) -> int | None:
+    """For an upstream 400 that says the prompt did not fit its context: the prompt tokens the server counted
+    (0 when it did not say how many); None for any other error."""
+    if not isinstance(error, UpstreamStatusError) or error.upstream_status != 400:
+        return None
+    text = f"{error.type} {error.message}"
+    if not any(marker in text.lower() for marker in _OVERFLOW):
+        return None
+    for pattern in _COUNTED:
+        found = pattern.search(text)
+        if found:
+            return int(found.group(1))
+    return 0

@@ -1,0 +1,193 @@
+"""`Upstreams`: several model servers in order of preference; the first one that is up serves.
+
+A team's router first, the developer's own server (or the embedded one) after it: when the one
+serving refuses the connection, answers 5xx, answers something that is no completion (a captive
+portal's HTML page, events it cannot read) or does not start its answer in time, before the first
+token, the request is sent again to the next one, and that upstream is marked down (a circuit breaker:
+no later request waits on it). One request cannot take the last upstream that is up down with it: a
+request that makes the only healthy server fail is that request's failure, not the server's.
+A health check every `interval_s` brings a down upstream back as soon as it answers, and takes one
+that stopped answering out. A failure after the first token cannot be retried (the editor has the
+start of the answer): it is the client's error, as with one upstream.
+
+With one upstream nothing here changes what the proxy does: there is nothing to fail over to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from mellum_proxy.errors import (
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamStatusError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+from mellum_proxy.models import Batches, BudgetedPrompt, NormalizedRequest
+from mellum_proxy.observe import Changes
+from mellum_proxy.upstream.client import UpstreamClient
+
+log = logging.getLogger("mellum_proxy")
+
+SERVED_KEPT = 4096  # request ids whose serving upstream is kept until the service asks
+
+
+def worth_failing_over(error: UpstreamError) -> bool:
+    """The upstream is down or broken, not the request: unreachable, silent, speaking no completion
+    protocol, or a 5xx of its own (a 4xx is about the request)."""
+    if isinstance(error, UpstreamUnavailableError | UpstreamTimeoutError | UpstreamProtocolError):
+        return True
+    return isinstance(error, UpstreamStatusError) and error.upstream_status >= 500
+
+
+@dataclass(slots=True)
+class Member:
+    """One upstream and what the proxy saw of it."""
+
+    client: UpstreamClient
+    up: bool = True
+    served: int = 0  # completions it answered
+    failed: int = 0  # completions it failed before their first token (each sent on to the next one)
+    last_error: str | None = None
+    since: float = field(default_factory=time.time)  # when `up` last changed (unix seconds)
+
+    def status(self, serving: bool) -> dict[str, Any]:
+        return {
+            "url": self.client.shown_url,
+            "up": self.up,
+            "serving": serving,
+            "served": self.served,
+            "failed": self.failed,
+            "last_error": self.last_error,
+            "since": round(self.since, 3),
+        }
+
+
+class Upstreams:
+    """The upstreams in order; each call goes to the one serving now (`client`)."""
+
+    def __init__(self, clients: Sequence[UpstreamClient]) -> None:
+        if not clients:
+            raise ValueError("at least one upstream")
+        self.members = [Member(client) for client in clients]
+        self.on_up: Callable[[UpstreamClient], Awaitable[None]] | None = None  # rediscover a returning one
+        self._served: dict[str, str] = {}
+        self.changes = Changes()  # notified when one goes down or comes back
+
+    @property
+    def primary(self) -> UpstreamClient:
+        return self.members[0].client
+
+    @property
+    def serving(self) -> Member:
+        """The first member that is up; the first of all when none is (it may be back by now)."""
+        return next((m for m in self.members if m.up), self.members[0])
+
+    @property
+    def client(self) -> UpstreamClient:
+        return self.serving.client
+
+    @property
+    def shown_url(self) -> str:
+        return self.client.shown_url
+
+    def status(self) -> list[dict[str, Any]]:
+        serving = self.serving
+        return [member.status(member is serving) for member in self.members]
+
+    def served_by(self, request_id: str) -> str | None:
+        """The upstream that answered this request (once), for its record."""
+        return self._served.pop(request_id, None)
+
+    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
+        """The completion from the first member that is up; on to the next one while none has answered.
+
+        Raises:
+            UpstreamError: the last one tried failed, or one failed after its first chunk.
+        """
+        # Those up, in order; all of them when none is (they may be back by now).
+        candidates = [m for m in self.members if m.up] or list(self.members)
+        first_error: UpstreamError | None = None
+        for index, member in enumerate(candidates):
+            started = False
+            try:
+                async with aclosing(member.client.stream_completion(request, prompt)) as batches:
+                    async for batch in batches:
+                        if not started:
+                            started = True
+                            self._remember(request.id, member)
+                        yield batch
+            except UpstreamError as error:
+                if started or not worth_failing_over(error):
+                    raise
+                member.failed += 1
+                if any(other.up for other in self.members if other is not member):  # never the last one up
+                    self._down(member, error.message)
+                first_error = first_error or error
+                if index == len(candidates) - 1:
+                    raise first_error from error  # the one that was asked first says most
+                continue
+            if not started:
+                self._remember(request.id, member)
+            member.served += 1
+            return
+
+    def _remember(self, request_id: str, member: Member) -> None:
+        if len(self._served) >= SERVED_KEPT:
+            self._served.pop(next(iter(self._served)))
+        self._served[request_id] = member.client.shown_url
+
+    def _down(self, member: Member, why: str) -> None:
+        if member.up:
+            member.up, member.since, member.last_error = False, time.time(), why
+            self.changes.notify()
+            after = self.serving
+            log.warning("upstream %s is down (%s); serving from %s", member.client.shown_url, why,
+                        after.client.shown_url if after.up else "none: every upstream is down")  # fmt: skip
+
+    async def _up(self, member: Member) -> None:
+        if not member.up:
+            member.up, member.since = True, time.time()
+            self.changes.notify()
+            log.info("upstream %s is back; serving from %s", member.client.shown_url, self.serving.client.shown_url)
+            if self.on_up is not None:
+                await self.on_up(member.client)
+
+    async def check(self) -> None:
+        """One health check of every member, at once."""
+        results = await asyncio.gather(*(m.client.reachable() for m in self.members))
+        for member, reachable in zip(self.members, results, strict=True):
+            if reachable:
+                await self._up(member)
+            else:
+                self._down(member, "health check failed")
+
+    async def watch(self, interval_s: float) -> None:
+        """Check every member every `interval_s`, for the app's lifetime (only with more than one)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.check()
+            except Exception:  # a check must never end the watch
+                log.exception("upstream health check failed")
+
+    # What the rest of the proxy asks of "the upstream": the one serving now.
+
+    async def let_go(self, accept: Callable[[int], bool], timeout_s: float) -> bool:
+        return await self.client.let_go(accept, timeout_s)
+
+    async def tokenize(self, body: dict[str, Any], timeout_s: float = 5.0) -> Any:
+        return await self.client.tokenize(body, timeout_s)
+
+    async def reachable(self, timeout_s: float = 1.0) -> bool:
+        return await self.client.reachable(timeout_s)
+
+    async def model_ids(self) -> list[str]:
+        return await self.client.model_ids()

@@ -1,0 +1,139 @@
+"""Ollama's native `POST /api/generate`, the proxy's way to complete on an Ollama upstream.
+
+Ollama's OpenAI `/v1/completions` wraps every prompt in the model's own template (it has no `raw`),
+which would put the proxy's rendered FIM prompt inside a chat or FIM template a second time; the
+native endpoint with `raw: true` sends the prompt as it is (ollama `api/types.go` `GenerateRequest`:
+`model`, `prompt`, `suffix`, `raw`, `stream`, `options`). The answer is NDJSON, one object per line:
+`{"model", "created_at", "response", "done": false}`, then `done: true` with `done_reason`,
+`prompt_eval_count`, `eval_count` and durations in nanoseconds (`GenerateResponse`, `Metrics`), or
+`{"error": "..."}`. Ollama stops generating when the client closes the connection.
+
+What the proxy learns from it (server/routes.go): `/api/ps` lists the loaded models, each with its
+`context_length` in newer builds; `/api/show` gives a model's `parameters` (`num_ctx N` when the
+Modelfile sets it); otherwise the server's default, `OLLAMA_CONTEXT_LENGTH`, 4096 (envconfig/config.go).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+from mellum_proxy.errors import UpstreamError, UpstreamProtocolError
+from mellum_proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
+from mellum_proxy.upstream.sse import MAX_EVENT_BYTES, load_event
+
+GENERATE_PATH = "/api/generate"
+DEFAULT_CONTEXT = 4096  # OLLAMA_CONTEXT_LENGTH's default (envconfig/config.go)
+# OpenAI / llama.cpp parameter names Ollama reads from `options` under the same name (api/types.go `Options`).
+OPTIONS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "seed", "repeat_penalty", "repeat_last_n",
+           "presence_penalty", "frequency_penalty")  # fmt: skip
+_NUM_CTX = re.compile(r"^num_ctx\s+(\d+)\s*$", re.MULTILINE)
+
+
+def generate_payload(
+    request: NormalizedRequest, prompt: BudgetedPrompt, model: str | None, defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The `/api/generate` body for a request fitted to the budget, always streamed.
+
+    The prompt is sent raw. Only with template `none` (the proxy renders no FIM prompt) does the
+    suffix go along, without `raw`, so that Ollama's own template places it.
+    """
+    params = {**defaults, **request.params} if defaults else request.params
+    options: dict[str, Any] = {name: params[name] for name in OPTIONS if params.get(name) is not None}
+    options["num_predict"] = prompt.max_tokens
+    stops = params.get("stop") or []
+    stops = [stops] if isinstance(stops, str) else list(stops)
+    if stops or prompt.stops:
+        options["stop"] = list(dict.fromkeys([*stops, *prompt.stops]))
+    payload: dict[str, Any] = {"model": model or "", "prompt": prompt.prompt, "stream": True, "options": options}
+    if prompt.suffix is not None:
+        payload["suffix"] = prompt.suffix
+    else:
+        payload["raw"] = True
+    return payload
+
+
+async def read_ndjson(body: AsyncIterable[bytes]) -> AsyncIterator[list[Chunk]]:
+    """Ollama's answer lines as batches of `Chunk`s, one batch per network read, until `done`.
+
+    Raises:
+        UpstreamProtocolError: a line is not a JSON object of the generate shape.
+        UpstreamStatusError: the server reported an error inside the stream.
+    """
+    tail = b""
+    async for data in body:
+        lines = (tail + data).split(b"\n")
+        tail = lines.pop()
+        if len(tail) > MAX_EVENT_BYTES:
+            raise UpstreamProtocolError(f"upstream sent a line over {MAX_EVENT_BYTES} bytes")
+        batch: list[Chunk] = []
+        try:
+            for line in lines:
+                if line.strip():
+                    batch.append(chunk_from_line(line))
+        except UpstreamError:
+            if batch:
+                yield batch  # the text before the error reaches the client first
+            raise
+        if batch:
+            yield batch
+            if batch[-1].finish_reason is not None:
+                return
+    if tail.strip():
+        yield [chunk_from_line(tail)]
+
+
+def chunk_from_line(line: bytes) -> Chunk:
+    """One `/api/generate` answer object as a `Chunk`: usage from the eval counts, timings in ms."""
+    event = load_event(line, "answer line")
+    text = event.get("response", "")
+    if type(text) is not str:
+        raise UpstreamProtocolError("upstream sent a 'response' that is not a string")
+    model = event.get("model")
+    model = model if type(model) is str else None
+    if event.get("done") is not True:
+        return Chunk(text, model=model)
+    counts = {"prompt_tokens": event.get("prompt_eval_count", 0), "completion_tokens": event.get("eval_count", 0)}
+    durations = {"prompt_ms": event.get("prompt_eval_duration", 0), "predicted_ms": event.get("eval_duration", 0)}
+    for name, value in (counts | durations).items():
+        if type(value) is bool or not isinstance(value, int | float):
+            raise UpstreamProtocolError(f"upstream sent a '{name}' that is not a number")
+    usage = {**counts, "total_tokens": counts["prompt_tokens"] + counts["completion_tokens"]}
+    timings = {
+        "prompt_n": counts["prompt_tokens"],
+        "prompt_ms": durations["prompt_ms"] / 1e6,
+        "predicted_n": counts["completion_tokens"],
+        "predicted_ms": durations["predicted_ms"] / 1e6,
+    }
+    reason = event.get("done_reason")
+    return Chunk(text, reason if type(reason) is str and reason else "stop", usage, timings, model)
+
+
+def loaded_model(ps: Any) -> dict[str, Any] | None:
+    """The one model `/api/ps` lists as loaded, if exactly one is."""
+    models = ps.get("models") if isinstance(ps, dict) else None
+    if isinstance(models, list) and len(models) == 1 and isinstance(models[0], dict):
+        return models[0]
+    return None
+
+
+def listed_model(tags: Any) -> str | None:
+    """The one model `/api/tags` lists, if exactly one is."""
+    models = tags.get("models") if isinstance(tags, dict) else None
+    if isinstance(models, list) and len(models) == 1 and isinstance(models[0], dict):
+        name = models[0].get("name") or models[0].get("model")
+        return name if isinstance(name, str) and name else None
+    return None
+
+
+def context_of(loaded: dict[str, Any] | None, show: Any) -> int | None:
+    """A model's context per request: `/api/ps` `context_length`, else `num_ctx` in `/api/show`'s
+    `parameters`; None when neither says (the server's default applies)."""
+    value = (loaded or {}).get("context_length")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    parameters = show.get("parameters") if isinstance(show, dict) else None
+    if isinstance(parameters, str) and (match := _NUM_CTX.search(parameters)):
+        return int(match.group(1))
+    return None

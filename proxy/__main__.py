@@ -1,3 +1,0 @@
-from proxy.cli import main
-
-main()
