@@ -4,10 +4,11 @@ that serves after a failover; `UpstreamView` is that knowledge as one value ever
 At start-up llama.cpp may have its port open while it still loads the model (503 on `/health`): the
 slot count and the `/tokenize` it answers then are not the server's. `Discovery.run` (a task
 for the app's lifetime) waits until the upstream is healthy, asks again for what was left unsettled
-(the slot count behind `max_concurrency = 0`, the tokenizer behind `tokenizer = auto`), decides the
-FIM template, warms the embedded server, and only then says the proxy is `ready` (its `/health`
-answers ok from then on) in one block of lines. After that it looks for an exact local tokenizer
-(`mellum_proxy.budget.local`), which can take seconds; that switch is one more line.
+(the slot count behind `max_concurrency = 0`, the tokenizer behind `tokenizer = auto`), reads the served
+model's own tokenizer when it is on this machine (`mellum_proxy.budget.local`: about a second that holds the
+interpreter's lock, so before, never after), decides the FIM template, warms the embedded server, and only
+then says the proxy is `ready` (its `/health` answers ok from then on) in one block of lines. A GGUF whose
+vocabulary was never cached is cached in a process of its own after that, for the next start.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mellum_proxy.budget import CharsEstimator, ContextBudget, UpstreamTokenizer
-from mellum_proxy.budget.local import find_local
+from mellum_proxy.budget.local import build_aside, find_local, needs_building, served_model_path
 from mellum_proxy.budget.templates import PREFIX_ONLY, template_the_model_knows
 from mellum_proxy.budget.tokenizers import CountingTokenizer, TokenCounter, Tokenize, upstream_counter
 from mellum_proxy.completion import Policies
@@ -108,21 +109,27 @@ class Discovery:
             await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
             attempt += 1
         await self.prepare()
+        if self.knobs.tokenizer == "auto" and self.upstream.base_url not in self.counters:
+            model = self.embedded_model or await served_model_path(self.upstream)
+            if model is not None and needs_building(model):
+                await build_aside(model)  # in a process of its own: read from the next start on
+                log.info("tokenizer: cached %s's vocabulary; the proxy counts with it from its next start", model.name)
+        self.settled.set()
+
+    async def prepare(self) -> None:
+        """Once the upstream answers: find the local tokenizer, decide the template, warm the embedded server,
+        say the proxy is ready. What holds the interpreter's lock (reading a tokenizer) is done here, before the
+        proxy answers, not after."""
+        if self.ready.is_set():
+            return
         if self.knobs.tokenizer == "auto":
             counter = self.budget.counter
             server = counter if isinstance(counter, UpstreamTokenizer | CountingTokenizer) else None
             server = server or await upstream_counter(self.tokenize, self.upstream.model)
             local = await find_local(self.upstream, self.embedded_model, server.ids if server else None)
             if local is not None:
-                self._switch_tokenizer(local, "agrees with the upstream's /tokenize", quiet=False)
+                self._switch_tokenizer(local, "agrees with the upstream's /tokenize")
                 self.counters[self.upstream.base_url] = local
-                await self.check_template()  # when nothing could tell before
-        self.settled.set()
-
-    async def prepare(self) -> None:
-        """Once the upstream answers: decide the template, warm the embedded server, say the proxy is ready."""
-        if self.ready.is_set():
-            return
         await self.check_template()
         if self.embedded_model is not None:
             await self._warm()

@@ -100,13 +100,23 @@ async def in_daemon_thread(work: Callable[..., T], *args: Any) -> T:
     return await future
 
 
+def needs_building(model: Path) -> bool:
+    """Whether `model`'s tokenizer must first be rebuilt from its GGUF vocabulary (seconds of Python), rather
+    than read from a file (about a second, which is still too long once the proxy answers)."""
+    return (
+        model.suffix == ".gguf"
+        and _file_key(model) not in _LOADED
+        and not (cache_dir() / f"{_file_key(model)}.json").is_file()
+    )
+
+
 async def build_aside(model: Path) -> None:
     """Build a GGUF's tokenizer cache in a process of its own at the lowest CPU priority, the first time.
 
     Reading a GGUF's vocabulary is seconds of Python: in this process it would hold the interpreter's lock
     against the request loop, and on a busy laptop take the core the first completions need.
     """
-    if model.suffix != ".gguf" or _file_key(model) in _LOADED or (cache_dir() / f"{_file_key(model)}.json").is_file():
+    if not needs_building(model):
         return
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "mellum_proxy.budget.local", str(model), stdout=asyncio.subprocess.DEVNULL,
@@ -204,13 +214,20 @@ async def agreement(local: HfTokenizer, server: ModelServer, server_ids: ServerI
 async def find_local(
     server: ModelServer, embedded_model: Path | None, server_ids: ServerIds | None = None
 ) -> HfTokenizer | None:
-    """An exact local tokenizer for the served model that agrees with the server, or None (logged why)."""
+    """An exact local tokenizer for the served model that agrees with the server, or None (logged why).
+
+    Only one that is ready to read: loading holds the interpreter's lock for about a second (the `tokenizers`
+    library does not release it), so it is done before the proxy says it is ready, never after; a GGUF whose
+    vocabulary was never cached is left to `build_aside`, for the next start.
+    """
     model = embedded_model or await served_model_path(server)
     if model is None:
         log.info("tokenizer: the upstream names no model file on this machine; asking its /tokenize")
         return None
+    if needs_building(model):
+        log.info("tokenizer: %s's vocabulary is not cached yet; asking the upstream's /tokenize", model.name)
+        return None
     try:
-        await build_aside(model)
         local = await in_daemon_thread(load_local, model)
     except (UnsupportedVocabulary, ValueError, OSError) as exc:
         log.info("tokenizer: no local tokenizer from %s (%s); asking the upstream's /tokenize", model.name, exc)

@@ -38,7 +38,7 @@ from mellum_proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetri
 from mellum_proxy.telemetry.deadline_watch import DeadlineWatch
 from mellum_proxy.upstream import UpstreamClient
 from mellum_proxy.upstream.embedded import EmbeddedServer, packaged_model
-from mellum_proxy.upstream.failover import Upstreams
+from mellum_proxy.upstream.failover import Upstreams, failover_answer_s
 from mellum_proxy.upstream.kinds import discover
 
 log = logging.getLogger("mellum_proxy")
@@ -113,7 +113,8 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
         upstream = clients[0]  # the primary: what discovery asks; the others are its fallbacks
         upstream.native_ollama = section.kind == "ollama"
         app[UPSTREAM] = upstream
-        pool = app[UPSTREAMS] = Upstreams(clients)
+        answer_s = failover_answer_s(sections.policies.timeout_s, section.answer_timeout_s)
+        pool = app[UPSTREAMS] = Upstreams(clients, answer_s, section.health_interval_s)
         telemetry = app[TELEMETRY]
         reachable = await asyncio.gather(*(client.reachable() for client in clients))
         for member, up in zip(pool.members, reachable, strict=True):

@@ -190,11 +190,14 @@ class UpstreamClient:
                 raise  # a fresh connection failed: nothing was stale
             return await self.session.request(method, url, **options)
 
-    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
+    async def stream_completion(
+        self, request: NormalizedRequest, prompt: BudgetedPrompt, answer_s: float | None = None
+    ) -> Batches:
         """POST `/v1/completions` for `request` fitted to `prompt`; yield its chunks a network read at a time.
 
         An upstream that ignores `stream: true` and answers one JSON body gives one batch. An Ollama
         upstream is asked through its native `/api/generate` instead (`mellum_proxy.upstream.ollama`).
+        `answer_s`: a shorter wait for the answer to start than `answer_timeout_s` (there is a fallback).
 
         Raises:
             UpstreamError: the upstream is unreachable, answered an error, or sent garbage.
@@ -209,7 +212,9 @@ class UpstreamClient:
                 await _drain(resp)
             return
         body = orjson.dumps(_payload(request, prompt, self.model, self.defaults))
-        async with self.open("POST", "/v1/completions", body, headers, answer_s=self.answer_timeout_s) as resp:
+        if answer_s is None or (self.answer_timeout_s is not None and self.answer_timeout_s < answer_s):
+            answer_s = self.answer_timeout_s
+        async with self.open("POST", "/v1/completions", body, headers, answer_s=answer_s) as resp:
             if resp.content_type == "application/json":
                 yield [chunk_from_bytes(await resp.read())]
                 return

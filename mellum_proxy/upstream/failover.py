@@ -4,11 +4,15 @@ A team's router first, the developer's own server (or the embedded one) after it
 serving refuses the connection, answers 5xx, answers something that is no completion (a captive
 portal's HTML page, events it cannot read) or does not start its answer in time, before the first
 token, the request is sent again to the next one, and that upstream is marked down (a circuit breaker:
-no later request waits on it). One request cannot take the last upstream that is up down with it: a
+no later request waits on it). "In time", when there is a next one, is `failover_answer_s`: a share of
+the request's deadline, so a server that answers `/health` but never a completion is left while the
+next one can still answer. One request cannot take the last upstream that is up down with it: a
 request that makes the only healthy server fail is that request's failure, not the server's.
 A health check every `interval_s` brings a down upstream back as soon as it answers, and takes one
-that stopped answering out. A failure after the first token cannot be retried (the editor has the
-start of the answer): it is the client's error, as with one upstream.
+that stopped answering out; one that failed requests comes back only after a wait that doubles with each
+failure in a row (its `/health` may be fine while its completions are not). A failure after the first
+token cannot be retried (the editor has the start of the answer): it is the client's error, as with one
+upstream.
 
 With one upstream nothing here changes what the proxy does: there is nothing to fail over to.
 """
@@ -37,6 +41,18 @@ from mellum_proxy.upstream.client import UpstreamClient
 log = logging.getLogger("mellum_proxy")
 
 SERVED_KEPT = 4096  # request ids whose serving upstream is kept until the service asks
+FAILOVER_ANSWER_MIN_S = 0.25
+COMEBACK_MAX = 32  # health periods: the longest an upstream that keeps failing completions waits to come back
+
+
+def failover_answer_s(timeout_s: float | None, answer_timeout_s: float | None) -> float | None:
+    """How long an upstream with a fallback after it may take to start a completion's answer: a third of the
+    request's deadline (at least `FAILOVER_ANSWER_MIN_S`), leaving the rest to the next one, and never longer
+    than `answer_timeout_s`. llama.cpp and vLLM send their headers at once, before the prefill's result."""
+    if timeout_s is None:
+        return answer_timeout_s
+    share = max(FAILOVER_ANSWER_MIN_S, timeout_s / 3)
+    return share if answer_timeout_s is None else min(share, answer_timeout_s)
 
 
 def worth_failing_over(error: UpstreamError) -> bool:
@@ -57,6 +73,8 @@ class Member:
     failed: int = 0  # completions it failed before their first token (each sent on to the next one)
     last_error: str | None = None
     since: float = field(default_factory=time.time)  # when `up` last changed (unix seconds)
+    strikes: int = 0  # completions failed in a row: each doubles the wait before a health check brings it back
+    down_at: float = 0.0  # the loop's time when a completion's failure took it down
 
     def status(self, serving: bool) -> dict[str, Any]:
         return {
@@ -73,10 +91,17 @@ class Member:
 class Upstreams:
     """The upstreams in order; each call goes to the one serving now (`client`)."""
 
-    def __init__(self, clients: Sequence[UpstreamClient]) -> None:
+    def __init__(
+        self, clients: Sequence[UpstreamClient], failover_answer_s: float | None = None, interval_s: float = 1.0
+    ) -> None:
+        """`failover_answer_s`: how long an upstream with a fallback after it may take to start its answer (None:
+        its own `answer_timeout_s`); `interval_s`: the health checks' period, the unit of the wait before an
+        upstream that failed completions is brought back."""
         if not clients:
             raise ValueError("at least one upstream")
         self.members = [Member(client) for client in clients]
+        self.failover_answer_s = failover_answer_s
+        self.interval_s = interval_s
         self.on_up: Callable[[UpstreamClient], Awaitable[None]] | None = None  # rediscover a returning one
         self._served: dict[str, str] = {}
         self.changes = Changes()  # notified when one goes down or comes back
@@ -117,8 +142,9 @@ class Upstreams:
         first_error: UpstreamError | None = None
         for index, member in enumerate(candidates):
             started = False
+            answer_s = self.failover_answer_s if index < len(candidates) - 1 else None
             try:
-                async with aclosing(member.client.stream_completion(request, prompt)) as batches:
+                async with aclosing(member.client.stream_completion(request, prompt, answer_s)) as batches:
                     async for batch in batches:
                         if not started:
                             started = True
@@ -129,6 +155,8 @@ class Upstreams:
                     raise
                 member.failed += 1
                 if any(other.up for other in self.members if other is not member):  # never the last one up
+                    member.strikes += 1
+                    member.down_at = asyncio.get_running_loop().time()
                     self._down(member, error.message)
                 first_error = first_error or error
                 if index == len(candidates) - 1:
@@ -137,6 +165,7 @@ class Upstreams:
             if not started:
                 self._remember(request.id, member)
             member.served += 1
+            member.strikes = 0
             return
 
     def _remember(self, request_id: str, member: Member) -> None:
@@ -163,11 +192,19 @@ class Upstreams:
     async def check(self) -> None:
         """One health check of every member, at once."""
         results = await asyncio.gather(*(m.client.reachable() for m in self.members))
+        now = asyncio.get_running_loop().time()
         for member, reachable in zip(self.members, results, strict=True):
-            if reachable:
+            if reachable and now - member.down_at >= self.comeback_s(member):
                 await self._up(member)
             else:
                 self._down(member, "health check failed")
+
+    def comeback_s(self, member: Member) -> float:
+        """How long after a completion took `member` down a healthy `/health` may bring it back: 0 after none,
+        then one check period doubled with each failure in a row, at most `COMEBACK_MAX` periods."""
+        if member.strikes == 0 or member.up:
+            return 0.0
+        return self.interval_s * min(COMEBACK_MAX, 2 ** (member.strikes - 1))
 
     async def watch(self, interval_s: float) -> None:
         """Check every member every `interval_s`, for the app's lifetime (only with more than one)."""

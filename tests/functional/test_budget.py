@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mellum_proxy.budget import local
 from mellum_proxy.http import PROBES, RECORDS, SERVICE
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory, corpus_texts
@@ -35,14 +37,17 @@ async def test_server_counts_no_more_than_the_budget(
     assert record.prompt_tokens_before > 2000
 
 
-async def test_auto_starts_with_the_upstreams_tokenizer_then_uses_the_gguf_vocabulary(
+async def test_auto_reads_the_gguf_vocabulary_before_it_answers(
     make_proxy: ProxyFactory, embedded_server: EmbeddedServer
 ) -> None:
+    """Reading the model's tokenizer holds the interpreter's lock for about a second: it is done before the proxy
+    says it is ready (a switch after it froze `/health` and the first completion for that long)."""
     proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, max_context_tokens=64)
     budget = proxy.app[SERVICE].budget
-    assert budget.counter.method in ("upstream", "gguf")  # the local one may already be there (cached)
-    await asyncio.wait_for(proxy.app[PROBES].settled.wait(), 30)
+    assert proxy.app[PROBES].ready.is_set()
     assert budget.counter.method == "gguf"  # /props names the model file; its vocabulary agrees with /tokenize
+    await asyncio.wait_for(proxy.app[PROBES].settled.wait(), 30)
+    assert budget.counter.method == "gguf"
     body = {"prompt": TEXT[:2000], "max_tokens": 2, "temperature": 0}
     usage = (await (await proxy.post("/v1/completions", json=body)).json())["usage"]
     record = proxy.app[RECORDS].last()
@@ -120,3 +125,18 @@ async def test_the_packaged_model_without_fim_tokens_gets_prefix_only_prompts(
             "temperature": 0}  # fmt: skip
     resp = await proxy.post("/v1/completions", json=body)
     assert resp.status == 200 and "<fim" not in (await resp.json())["choices"][0]["text"]
+
+
+async def test_a_vocabulary_never_cached_is_cached_for_the_next_start_not_read_while_answering(
+    make_proxy: ProxyFactory, embedded_server: EmbeddedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first start ever: the GGUF's vocabulary is rebuilt in a process of its own and cached; this process
+    keeps asking the server's exact /tokenize rather than read the result while it answers."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(local, "_LOADED", {})
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0)
+    budget = proxy.app[SERVICE].budget
+    assert budget.counter.method == "upstream"
+    await asyncio.wait_for(proxy.app[PROBES].settled.wait(), 240)
+    assert list((tmp_path / "mellum-proxy" / "tokenizers").glob("*.json"))  # read at the next start
+    assert budget.counter.method == "upstream"

@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 
 from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from mellum_proxy.config import Settings
 from mellum_proxy.http import RECORDS, TELEMETRY, UPSTREAMS
 from mellum_proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
@@ -86,7 +87,9 @@ async def test_a_failing_upstream_hands_over_to_the_next_and_is_not_asked_again_
     assert [(u["up"], u["serving"]) for u in status["upstreams"]] == [(False, False), (True, True)]
     assert status["upstreams"][0]["failed"] == 1 and status["upstreams"][1]["served"] == 4
     router.fail_status = None
-    await pool.check()  # what the health watch does every health_interval_ms
+    await pool.check()  # what the health watch does every health_interval_ms: too soon after a failed completion
+    assert not pool.members[0].up
+    await pool.changes.wait_for(lambda: pool.members[0].up)  # one health period (1 s) after it failed
     assert (await proxy.post("/v1/completions", json=BODY)).status == 200
     assert proxy.app[RECORDS].last().upstream == router_url  # back on the first one
     metrics = (await (await proxy.get("/metrics")).read()).decode()
@@ -114,6 +117,31 @@ async def test_an_unreachable_upstream_fails_over_at_once_and_the_watch_brings_i
     local.healthy = True
     await pool.changes.wait_for(lambda: pool.members[1].up)
     assert pool.serving is pool.members[1]
+
+
+async def test_a_silent_upstream_is_left_within_the_deadline_and_used_again_once_it_answers(
+    make_proxy: ProxyFactory, fake_upstream: Any
+) -> None:
+    """Its `/health` is fine, its completions never start: with the default deadline (1.5 s) the request goes on
+    to the next upstream in time, and the first one serves again once it answers (it waited 5 s for an answer
+    before, past every deadline: every completion ended empty)."""
+    first, first_url = await fake_upstream()
+    _, second_url = await fake_upstream()
+    first.silent = True
+    proxy = await make_proxy(upstream=[first_url, second_url], tokenizer="chars", reuse=False, health_interval_ms=50)
+    assert Settings().timeout_ms == 1500
+    pool = proxy.app[UPSTREAMS]
+    served = []
+    for _ in range(20):
+        resp = await proxy.post("/v1/completions", json=BODY)
+        text = (await resp.json())["choices"][0]["text"]
+        served.append(proxy.app[RECORDS].last().upstream if text else "nothing")
+    assert served.count(second_url) >= 19, served  # 95 %
+    assert pool.members[0].strikes >= 1  # each return was one more failure: it waits longer to come back
+    first.silent = False
+    await pool.changes.wait_for(lambda: pool.members[0].up, timeout_s=10)
+    assert (await proxy.post("/v1/completions", json=BODY)).status == 200
+    assert proxy.app[RECORDS].last().upstream == first_url and pool.members[0].strikes == 0
 
 
 async def test_every_upstream_failing_is_the_clients_error(make_proxy: ProxyFactory, fake_upstream: Any) -> None:

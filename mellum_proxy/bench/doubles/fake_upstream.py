@@ -39,6 +39,7 @@ class FakeUpstream:
         self.headers: list[dict[str, str]] = []  # each completion request's headers
         self.fail_status: int | None = None  # when set, completions are answered with this status
         self.healthy = True  # `/health` answers 503 when False
+        self.silent = False  # when True, completions are never answered (no status line), while `/health` is ok
         self.active = 0
         self.max_active = 0
         self.completed = 0
@@ -94,6 +95,8 @@ class FakeUpstream:
         n = min(tokens, asked or tokens)
         finish = "length" if asked and n >= asked else "stop"  # it ran to the cap, or ended on its own
         answer = Responder(request, payload, f"fake-{len(self.payloads)}", "fake")
+        if self.silent:
+            await asyncio.Event().wait()  # never set: the client gives up first
         await answer.start()  # the headers before the first token, as a real server sends them
         if self.first_token_delay_s:
             await asyncio.sleep(self.first_token_delay_s)
