@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from mellum_proxy.bench.reporting.writing import command, measured
-from mellum_proxy.bench.runners.processes import busy_cores, free_port, wait_healthy
+from mellum_proxy.bench.runners.processes import busy_cores, free_port
 from mellum_proxy.bench.workloads.corpus import CODE_DIR
 from mellum_proxy.console import INDEX
 
@@ -90,24 +90,49 @@ async def run(busy: int = 1, timeout_s: float = 300.0, extra: tuple[str, ...] = 
     return result
 
 
-async def _watch_health(session: aiohttp.ClientSession, url: str, seconds: float) -> list[float]:
-    """`/health`'s answer times (ms), asked every 20 ms for `seconds`: whether the proxy answers at once while it
-    settles and serves its first completions (a tokenizer read after `ready` once froze it for a second)."""
-    times: list[float] = []
-    until = time.monotonic() + seconds
-    while time.monotonic() < until:
-        asked = time.monotonic()
-        async with session.get(url + "/health") as resp:
-            await resp.read()
-        times.append((time.monotonic() - asked) * 1000)
+async def _watch_health(
+    session: aiohttp.ClientSession, url: str, healthy: asyncio.Future[float], timeout_s: float
+) -> list[float]:
+    """Ask `/health` every 20 ms from the proxy's start, on a fixed schedule (a probe does not wait for the one
+    before it, so a stall is seen by every probe it holds, not by one); `healthy` gets the time of its first ok.
+    Returns the answer times (ms) of the ok answers asked from the first ok one on, for `HEALTH_WATCH_S`."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    first_ok_asked: list[float] = []  # when the first probe that got an ok was sent
+
+    async def probe() -> tuple[float, float] | None:
+        asked = loop.time()
+        try:
+            async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    return None
+        except (aiohttp.ClientError, TimeoutError):  # not listening yet
+            return None
+        if not healthy.done():
+            healthy.set_result(loop.time() - started)
+            first_ok_asked.append(asked)
+        return asked, (loop.time() - asked) * 1000
+
+    probes: list[asyncio.Task[tuple[float, float] | None]] = []
+    while loop.time() - started < timeout_s and not (
+        first_ok_asked and loop.time() > first_ok_asked[0] + HEALTH_WATCH_S
+    ):
+        probes.append(asyncio.create_task(probe()))
         await asyncio.sleep(0.02)
-    return times
+    answers = [answer for answer in await asyncio.gather(*probes) if answer is not None]
+    if not healthy.done():
+        healthy.set_exception(TimeoutError(f"/health not ok within {timeout_s:.0f} s"))
+        return []
+    return [ms for asked, ms in answers if asked >= first_ok_asked[0]]
 
 
 async def _measure(url: str, source: str, started: float, timeout_s: float) -> dict[str, Any]:
     async with aiohttp.ClientSession() as session:
-        healthy_s = time.monotonic() - started + await wait_healthy(session, url, timeout_s)
-        watch = asyncio.create_task(_watch_health(session, url, HEALTH_WATCH_S))
+        healthy: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        watch = asyncio.create_task(_watch_health(session, url, healthy, timeout_s))
+        waited = time.monotonic() - started
+        healthy_s = waited + await healthy
         result = await _complete(session, url, source, started)
         health_ms = sorted(await watch)
     return {"healthy_s": healthy_s, **result, "health_ms": _summary(health_ms)}
@@ -149,9 +174,9 @@ def render(result: dict[str, Any]) -> str:
         f"`{result['command']}` with {result['busy_processes']} other process(es) keeping a core busy",
         "",
         f"- healthy after {result['healthy_s']:.1f} s; first completion after {result['first_completion_s']:.1f} s",
-        f"- `/health` in the {HEALTH_WATCH_S:.0f} s after it was first ok, asked every 20 ms while the completions "
-        f"ran: p50 {health['p50']} ms, p99 {health['p99']} ms, max {health['max']} ms ({health['count']} answers; "
-        "target p99 <= 50 ms)",
+        f"- `/health` from its first ok answer on, for {HEALTH_WATCH_S:.0f} s, asked every 20 ms (each probe on "
+        f"its own) while the completions ran: p50 {health['p50']} ms, p99 {health['p99']} ms, max {health['max']} ms "
+        f"({health['count']} answers; target p99 <= 50 ms)",
         f"- {result['good']} of {len(result['completions'])} completions shown whole (not empty, not cut by "
         "the deadline, no FIM marker)",
         "",
