@@ -256,6 +256,7 @@ class Settings(BaseSettings):
     def shown(self) -> dict[str, Any]:
         """The settings as `/status` shows them: no secret, no credential in a URL."""
         values = self.model_dump(mode="json")
+        values["dispatch"] = self.dispatch_rule  # what is in force (`debounce_ms` alone asks for `fixed`)
         values["upstream"] = [redact_url(url) for url in self.upstream]
         values["upstream_header"] = [f"{name}=***" for name in self.headers]
         values["auth_token"] = "***" if self.auth_token else None

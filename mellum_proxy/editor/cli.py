@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -26,6 +28,7 @@ def add_commands(commands: Any) -> None:
     editor = commands.add_parser("editor-config", help="print a plugin's config filled in with the proxy's settings")
     editor.add_argument("name", choices=sorted(CONFIGS))
     add_settings_flags(editor)  # the settings `serve` would run with the same flags (`--embedded` included)
+    editor.add_argument("--offline", action="store_true", help="do not read a running proxy's /status")
 
     svc = commands.add_parser("service", help="run the proxy at login (systemd --user or launchd)")
     svc.add_argument("action", choices=["install", "uninstall", "status"])
@@ -34,8 +37,38 @@ def add_commands(commands: Any) -> None:
     svc.add_argument("--no-activate", action="store_true", help="write the unit only; do not start or stop it")
 
 
+# What a plugin's config takes from the proxy; a running proxy's `/status` says what it runs with.
+CONFIG_FIELDS = ("dispatch", "debounce_ms", "timeout_ms", "max_context_tokens", "max_tokens")
+
+
+def running_settings(settings: Settings, timeout_s: float = 0.5) -> tuple[Settings, str] | None:
+    """`settings` with what the proxy listening at their address runs with (its context as fitted to its
+    server), and the `/status` URL read; None when no proxy answers there."""
+    url = f"http://{settings.listen}/status"
+    request = urllib.request.Request(url)
+    if settings.auth_token:
+        request.add_header("Authorization", f"Bearer {settings.auth_token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            status = json.loads(resp.read())
+        running = {name: status["settings"][name] for name in CONFIG_FIELDS}
+        context = status.get("discovered", {}).get("context_tokens")
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+        return None
+    if isinstance(context, int) and context > 0:
+        running["max_context_tokens"] = min(running["max_context_tokens"], context)
+    return settings.model_copy(update=running), url
+
+
 def run_editor_config(args: argparse.Namespace) -> None:
-    print(render(args.name, _settings(args.config, settings_given(args))), end="")
+    """The plugin's config for the settings `serve` would run with these flags, or for the proxy that runs at
+    their address (said on stderr, so the config on stdout stays a file to paste)."""
+    settings = _settings(args.config, settings_given(args))
+    running = None if args.offline else running_settings(settings)
+    if running is not None:
+        settings, url = running
+        print(f"editor-config: the settings of the proxy running at {url}", file=sys.stderr)
+    print(render(args.name, settings), end="")
 
 
 def _config_path(args: argparse.Namespace) -> Path:

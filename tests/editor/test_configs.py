@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import plistlib
 import shutil
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -16,6 +18,7 @@ from mellum_proxy.cli import main
 from mellum_proxy.config import Settings
 from mellum_proxy.editor import service
 from mellum_proxy.editor.configs import CONFIGS, render
+from mellum_proxy.http import PROBES
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "editor-configs"
@@ -183,3 +186,21 @@ def test_service_refuses_a_broken_config(tmp_path: Path, capsys: pytest.CaptureF
     with pytest.raises(SystemExit) as info:
         main(["service", "install", "--config", str(config), "--unit-dir", str(tmp_path), "--no-activate"])
     assert info.value.code == 2 and "debounce_ms" in capsys.readouterr().err
+
+
+async def test_editor_config_reads_the_running_proxy_and_says_so(
+    make_proxy: Any, fake_upstream: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A proxy runs at the address the flags name: its settings (here a 900 ms deadline and the 1,024-token
+    context its server allows) go into the plugin's config, not the flags' defaults, and stderr names it."""
+    _, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url, timeout_ms=900, debounce_ms=100, tokenizer="chars")
+    proxy.app[PROBES].budget.fit(1024)  # what discovery does for a server with 1,024 tokens per request
+    listen = f"127.0.0.1:{proxy.port}"
+    await asyncio.to_thread(main, ["editor-config", "continue", "--listen", listen])
+    out, err = capsys.readouterr()
+    assert f"the proxy running at http://{listen}/status" in err
+    assert "modelTimeout: 1400" in out and "maxPromptTokens: 896" in out and "debounceDelay: 100" in out
+    await asyncio.to_thread(main, ["editor-config", "continue", "--listen", listen, "--offline"])
+    out, err = capsys.readouterr()
+    assert err == "" and "modelTimeout: 2000" in out
