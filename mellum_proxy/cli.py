@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings_flags(serve)
 
     stats = commands.add_parser("stats", help="summarize a request log (--log FILE.jsonl)")
-    stats.add_argument("log", type=Path, help="the proxy's JSONL request log")
+    stats.add_argument("log", type=Path, nargs="?", help="a JSONL request log [default: the one serve writes]")
     stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
     stats.add_argument("--by", choices=["outcome", "session", "dialect"], help="one row per group")
 
@@ -73,12 +73,15 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _stats(args: argparse.Namespace) -> None:
-    from mellum_proxy.telemetry.stats import read_log, render_table, stats
+    from mellum_proxy.telemetry.stats import log_to_read, read_log, render_table, stats
 
     try:
-        records, malformed = read_log(args.log)
+        path = log_to_read(args.log)
+        records, malformed = read_log(path)
+    except (ValueError, SettingsError) as exc:
+        fail(str(exc))
     except OSError as exc:
-        fail(f"cannot read {args.log}: {exc.strerror}")
+        fail(f"cannot read {path}: {exc.strerror}")
     result = stats(records, malformed, args.by)
     if args.json:
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import getpass
 import ipaddress
+import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -63,6 +65,19 @@ def _listed(value: Any) -> Any:
 # 1-2 s before its first token and a 128-token answer 4 s. Completions end at a blank line and at 48 tokens, and
 # the deadline leaves room for a cold prompt: a complete suggestion shows, later than from a GPU server.
 EMBEDDED_DEFAULTS: dict[str, Any] = {"timeout_ms": 3000, "max_tokens": 48, "stop_at_blank_line": True}
+
+
+def state_dir() -> Path:
+    """Where the proxy keeps what it writes for its user: `$XDG_STATE_HOME/mellum-proxy` (Linux,
+    `~/.local/state/mellum-proxy` by default), `~/Library/Logs/mellum-proxy` (macOS)."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Logs" / "mellum-proxy"
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "mellum-proxy"
+
+
+def default_log_path() -> Path:
+    """The request log `serve` writes unless told otherwise, and `stats`, `doctor` and `tune` read by default."""
+    return state_dir() / "requests.jsonl"
 
 
 def upstream_base_url(url: str) -> str:
@@ -174,7 +189,11 @@ class Settings(BaseSettings):
     )
 
     # --- telemetry ---------------------------------------------------------------------------
-    log: Path | None = Field(None, description="Append one JSON line per request to this file.")
+    log: Path | None = Field(
+        default_factory=default_log_path,
+        description="Append one JSON line per request to this file (no source text); `off` for none "
+        "(default: requests.jsonl in the user's state folder).",
+    )
     log_max_mb: float = Field(64.0, gt=0, description="Rotate the request log past this size (keeps 3).")
     log_content: bool = Field(False, description="Also log prompt, suffix and completion text.")
     record: Path | None = Field(None, description="Record every incoming completion request (for bench replay).")
@@ -215,6 +234,14 @@ class Settings(BaseSettings):
 
         template_for(value)  # raises ValueError with the known names
         return value
+
+    @field_validator("log", "record", mode="before")
+    @classmethod
+    def _off(cls, value: Any) -> Any:
+        """`off` (or `none`, or nothing) for a file setting: no file."""
+        if isinstance(value, str) and value.strip().lower() in ("off", "none", ""):
+            return None
+        return Path(value).expanduser() if isinstance(value, str | Path) else value
 
     @field_validator("upstream", mode="before")
     @classmethod

@@ -28,7 +28,9 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     for key in list(os.environ):
         if key.startswith("MELLUM_PROXY_"):
             monkeypatch.delenv(key)
-    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))  # the default request log goes there
     monkeypatch.setenv("XDG_CACHE_HOME", str(CACHE))  # the GGUF tokenizer is built once, not in every test
 
 

@@ -19,7 +19,7 @@ from mellum_proxy.planner.logs import compare, parse_log
 from mellum_proxy.planner.shapes import ASSUMED_ARCH
 from mellum_proxy.planner.sweep import BACKEND_OVERHEAD_GIB, SweepSpec, as_rows, best, sweep
 from mellum_proxy.planner.sweep import render as render_sweep
-from mellum_proxy.telemetry.stats import read_log
+from mellum_proxy.telemetry.stats import log_to_read, read_log
 
 BACKENDS = sorted(BACKEND_OVERHEAD_GIB)
 
@@ -90,7 +90,7 @@ def add_commands(commands: Any) -> None:
     defaults.add_argument("--context", type=POSITIVE, required=True, help="the context the work needs")
     defaults.add_argument("--stress-context", type=POSITIVE, help="[default: twice --context, within the model's]")
     defaults.add_argument("--batch", type=POSITIVE, help="concurrent sequences [default: the largest that stays OK]")
-    defaults.add_argument("--out", type=Path, default=Path("defaults.env"))
+    defaults.add_argument("--out", type=Path, help="also write the variables to this file [default: print only]")
     _spec_options(defaults)
 
     prof = commands.add_parser("profile", help="measure a completion server: prefill, decode, slots, disconnects")
@@ -98,7 +98,7 @@ def add_commands(commands: Any) -> None:
     prof.add_argument("--name", help="the profile's name [default: kind:model]")
     prof.add_argument("--out", type=Path, default=Path("profile.json"), help="JSON output [default: profile.json]")
     doctor = commands.add_parser("doctor", help="which knob to move first, from a request log")
-    doctor.add_argument("log", type=Path)
+    doctor.add_argument("log", type=Path, nargs="?", help="the proxy's request log [default: the one serve writes]")
     doctor.add_argument("--probe", type=Path, help="a `mellum-proxy probe --out` CSV")
     doctor.add_argument("--json", action="store_true")
 
@@ -139,8 +139,7 @@ def run_sweep(args: argparse.Namespace) -> None:
         except InspectError as exc:
             fail(str(exc))
         params = args.total_b * 1e9
-        notes.append(f"weights from --total-b {args.total_b:g} B; KV cache for the {shape.arch} shape"
-                     + ("" if args.arch else f" ({ASSUMED_ARCH.notes[0]})"))  # fmt: skip
+        notes.append(f"weights from --total-b {args.total_b:g} B; KV cache for the {shape.arch} shape")
     if shape.experts:
         active = args.active_b or shape.params_active / 1e9
         notes.append(f"MoE: all experts stay resident (weights follow total parameters); {active:.2f} B active "
@@ -157,11 +156,12 @@ def run_sweep(args: argparse.Namespace) -> None:
             writer = csv.DictWriter(handle, fieldnames=list(as_rows(cells)[0]))
             writer.writeheader()
             writer.writerows(as_rows(cells))
+    notes += [note for note in shape.notes if note not in notes]  # each said once, in the table and the JSON
     if args.json:
         body = {"cells": as_rows(cells), "best": as_rows([pick])[0] if pick else None, "why": why, "notes": notes}
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
     else:
-        print(render_sweep(cells, spec, pick, why, notes + list(shape.notes)))
+        print(render_sweep(cells, spec, pick, why, notes))
 
 
 def run_inspect_log(args: argparse.Namespace) -> None:
@@ -223,15 +223,23 @@ def run_defaults(args: argparse.Namespace) -> None:
     chosen, why = choose(info.shape, args.gpu_gib, args.context, args.stress_context, args.batch, overrides, measured)
     if chosen is None:
         fail(why)
-    args.out.write_text(chosen.env())
+    if args.out is not None:
+        try:
+            args.out.write_text(chosen.env())
+        except OSError as exc:
+            fail(f"cannot write {args.out}: {exc.strerror}")
     print(chosen.env().rstrip())
-    print(f"(written to {args.out}; {why})")
+    print(f"({f'written to {args.out}; ' if args.out else ''}{why})")
     print(chosen.flags())
 
 
 def run_doctor(args: argparse.Namespace) -> None:
     try:
-        records, malformed = read_log(args.log)
+        path = log_to_read(args.log)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        records, malformed = read_log(path)
         probe = read_probe(args.probe) if args.probe else (None, None)
     except (OSError, KeyError, ValueError) as exc:
         fail(f"cannot read the log or probe file: {exc}")

@@ -15,6 +15,7 @@ from mellum_proxy.telemetry.stats import percentile
 
 FAILED = {"upstream_error", "timeout"}
 SLOW_TTFT_MS = 1000.0
+MIN_FAILURES = 3  # a knob is named from this many failed or timed-out requests on, never from one
 
 
 def _failure_rate(rows: list[dict[str, Any]]) -> float | None:
@@ -56,15 +57,19 @@ def diagnose(records: list[dict[str, Any]], probe: tuple[float | None, float | N
             "knob": "quantization, or a smaller model",
             "evidence": evidence,
         }
-    for key, verdict, knob in (
-        ("prompt_tokens_before", "fails only on long inputs", "default context (max_context_tokens), then batch"),
-        ("inflight", "fails only with several requests at once", "limit concurrency (max_concurrency), then batch"),
-    ):
+    failures = sum(r.get("outcome") in FAILED for r in reached)
+    for key, what, verdict, knob in (
+        ("prompt_tokens_before", "prompts over {:g} tokens", "fails only on long inputs",
+         "default context (max_context_tokens), then batch"),
+        ("inflight", "requests that found over {:g} others in flight", "fails only with several requests at once",
+         "limit concurrency (max_concurrency), then batch"),
+    ):  # fmt: skip
         high, low, threshold = _split_by(reached, key)
         high_rate, low_rate = _failure_rate(high), _failure_rate(low)
         if high_rate is not None and low_rate is not None:
-            evidence.append(f"failure rate with {key} > {threshold:g}: {high_rate:.0%}; otherwise {low_rate:.0%}")
-            if high_rate >= 0.2 and high_rate >= 3 * max(low_rate, 0.02):
+            evidence.append(f"{what.format(threshold)}: {high_rate:.0%} failed; the others: {low_rate:.0%}")
+            pattern = high_rate >= 0.2 and high_rate >= 3 * max(low_rate, 0.02)
+            if pattern and sum(r.get("outcome") in FAILED for r in high) >= MIN_FAILURES:
                 return {"verdict": verdict, "knob": knob, "evidence": evidence}
     ttft = [float(r["ttft_ms"]) for r in ok if isinstance(r.get("ttft_ms"), int | float)]
     p90 = percentile(ttft, 90)
@@ -81,6 +86,12 @@ def diagnose(records: list[dict[str, Any]], probe: tuple[float | None, float | N
             "verdict": "memory free but slow",
             "knob": "batch (max_concurrency / -np), or the engine",
             "evidence": evidence,
+        }
+    if 0 < failures < MIN_FAILURES:
+        return {
+            "verdict": f"too few failures to tell ({failures} of {len(reached)})",
+            "knob": None,
+            "evidence": [*evidence, f"a knob is named from {MIN_FAILURES} failures on; run longer to see a pattern"],
         }
     if rate > 0.05:
         return {

@@ -2,7 +2,7 @@
 
 Each cell is labelled against the card: `OK` within `1 - margin` of it (the 15-30 % headroom the tuning
 guides keep), `TIGHT` up to `target_util`, `OOM_RISK` beyond. The `best` pick follows the guide's order:
-the business context first, then the lightest quantization that is OK there, then the largest batch that
+the business context first, then the most precise quantization that is OK there, then the largest batch that
 stays OK. It never picks the fullest card.
 """
 
@@ -110,12 +110,25 @@ def best(cells: list[Cell], spec: SweepSpec) -> tuple[Cell | None, str]:
     if not at_context:
         fitting = sorted({c.context for c in cells if c.label == "OK"})
         hint = f"; the largest context with an OK cell is {fitting[-1]}" if fitting else "; no cell is OK"
+        there = [c for c in cells if c.context == context] or cells
+        if there:  # what would fit: the smallest cell at the business context, and the card it needs
+            small = min(there, key=lambda c: c.total_bytes)
+            need = small.total_bytes / GIB / (1 - spec.margin)
+            hint += (f"; the smallest there ({small.quant}, batch {small.batch}: {small.total_bytes / GIB:.2f} GiB) "
+                     f"is OK on a {need:.1f} GiB card, or lower --context")  # fmt: skip
         return None, f"nothing is OK at the business context {context} with {spec.margin:.0%} headroom{hint}"
-    lightest = max(at_context, key=lambda c: (bits_for(QUANT_ALIASES.get(c.quant.lower(), c.quant)), -c.weights_bytes))
-    pick = max((c for c in at_context if c.quant == lightest.quant), key=lambda c: c.batch)
+
+    def bits(cell: Cell) -> float:
+        return bits_for(QUANT_ALIASES.get(cell.quant.lower(), cell.quant))
+
+    finest = max(at_context, key=lambda c: (bits(c), -c.weights_bytes))
+    pick = max((c for c in at_context if c.quant == finest.quant), key=lambda c: c.batch)
+    coarser = sorted({c.quant for c in at_context if bits(c) < bits(finest)}, key=lambda q: -bits_for(q))
+    verbs = "fits too and loses" if len(coarser) == 1 else "fit too and lose"
+    also = f"; {', '.join(coarser)} {verbs} more" if coarser else ""
     return pick, (
-        f"context {context} first (the business context), then the lightest quantization OK there "
-        f"({pick.quant}), then the largest batch that stays OK ({pick.batch})"
+        f"context {context} first (the business context), then the most precise quantization OK there "
+        f"({pick.quant}{also}), then the largest batch that stays OK ({pick.batch})"
     )
 
 

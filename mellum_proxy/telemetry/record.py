@@ -141,8 +141,9 @@ class RequestRecord:
             self.content["completion"] = completion.text
 
     def as_dict(self) -> dict[str, Any]:
-        """The log line: every field but the monotonic clock; content fields only when recorded."""
-        data = asdict(self)
+        """The log line (`event: request`, as every line of the log names its kind): every field but the
+        monotonic clock; content fields only when recorded."""
+        data = {"event": "request", **asdict(self)}
         data.pop("started")
         content = data.pop("content")
         if content is not None:

@@ -1,6 +1,7 @@
-"""`mellum-proxy stats LOG.jsonl`: what a request log says, at a glance or as JSON.
+"""`mellum-proxy stats [LOG.jsonl]`: what a request log says, at a glance or as JSON.
 
-Malformed lines are counted and reported, never fatal.
+Without a file, the log `serve` writes with the same settings (by default `requests.jsonl` in the user's
+state folder). Malformed lines are counted and reported, never fatal.
 """
 
 from __future__ import annotations
@@ -15,6 +16,24 @@ import orjson
 
 LATENCIES = ("ttft_ms", "total_ms", "queue_ms")
 QUANTILES = (50, 90, 99)
+
+
+def log_to_read(given: Path | None) -> Path:
+    """`given`, else the request log `serve` writes with the settings in force (environment, config file).
+
+    Raises:
+        ValueError: no file given, and the log is off or not written yet (the message says which).
+    """
+    if given is not None:
+        return given
+    from mellum_proxy.config import load_settings
+
+    path = load_settings({}).log
+    if path is None:
+        raise ValueError("the request log is off (log = off): give a log file")
+    if not path.is_file():
+        raise ValueError(f"no request log at {path} yet: `mellum-proxy serve` writes one there; or give a file")
+    return path
 
 
 def read_log(path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -32,7 +51,7 @@ def read_log(path: Path) -> tuple[list[dict[str, Any]], int]:
             except orjson.JSONDecodeError:
                 malformed += 1
                 continue
-            if isinstance(record, dict) and "outcome" in record:
+            if isinstance(record, dict) and record.get("event", "request") == "request" and "outcome" in record:
                 records.append(record)
             elif isinstance(record, dict) and record.get("event") == "acceptance" and isinstance(record.get("id"), str):
                 judged[record["id"]] = record

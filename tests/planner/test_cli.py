@@ -59,3 +59,26 @@ def test_bad_input_is_one_line_exit_2(argv: list[str], capsys: pytest.CaptureFix
         main(argv)
     assert info.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_documented_defaults_example_reproduces_and_writes_no_file_unasked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/vram-planning.md's `defaults` example, run with the flags it shows, prints what it says; without
+    `--out` nothing is written to the current folder (a `defaults.env` appeared there before)."""
+    monkeypatch.chdir(tmp_path)
+    main(["defaults", "--model", str(BUNDLED / "mellum2.1-12b-a2.5b"), "--gpu-gib", "12", "--context", "16384",
+          "--bpw", "q4=5.33", "--backend", "llama.cpp"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "MODEL_QUANT=q5" in out and "BATCH_DEFAULT=1" in out and "-c 16384 -np 1 -ngl 99" in out
+    assert "the most precise quantization OK there (q5; q4 fits too and loses more)" in out
+    assert list(tmp_path.iterdir()) == []
+    page = (Path(__file__).resolve().parents[2] / "docs" / "vram-planning.md").read_text()
+    assert "MODEL_QUANT=q5" in page and "(q5; q4 fits too and loses more)" in page and "-c 16384 -np 1 -ngl 99" in page
+
+
+def test_sweep_says_the_assumption_once_and_what_would_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["sweep", "--total-b", "12", "--gpu-gib", "4"])
+    out = capsys.readouterr().out
+    assert out.count("architecture assumed") == 1
+    assert "the smallest there (q4, batch 1: 12.35 GiB) is OK on a 16.5 GiB card, or lower --context" in out

@@ -53,7 +53,7 @@ def test_best_follows_context_then_quantization_then_batch() -> None:
     pick, why = best(cells, spec)
     assert pick is not None
     assert pick.context == 8192  # the business context, though larger contexts also fit
-    assert pick.quant == "q5"  # the lightest quantization that is OK there (q8 is only TIGHT)
+    assert pick.quant == "q5"  # the most precise quantization that is OK there (q8 is only TIGHT)
     assert pick.batch == 8  # then the largest batch that stays OK
     assert all(c.label != "OK" for c in cells if c.quant == "q8" and c.context == 8192)
     assert pick.label == "OK" and "business context" in why
@@ -71,7 +71,7 @@ def test_defaults_pick_and_stress(tmp_path: Path) -> None:
     shape = bundled_shape("mellum2.1")
     chosen, _ = choose(shape, 16, 8192, None, None, {"backend": "llama.cpp"}, ("bf16", 24300538808))
     assert chosen is not None
-    assert (chosen.quant, chosen.context, chosen.stress_context) == ("q6", 8192, 16384)  # the lightest OK
+    assert (chosen.quant, chosen.context, chosen.stress_context) == ("q6", 8192, 16384)  # the most precise OK
     assert chosen.stress_batch >= chosen.batch
     env = chosen.env()
     assert "MODEL_QUANT=q6\n" in env and "CTX_DEFAULT=8192\n" in env and f"BATCH_DEFAULT={chosen.batch}\n" in env
@@ -98,3 +98,12 @@ def test_doctor_verdicts() -> None:
     result = diagnose(slow, probe=(4000, 16000))
     assert result["verdict"] == "memory free but slow" and any("25%" in line for line in result["evidence"])
     assert diagnose([record("ok", ttft_ms=120) for _ in range(20)])["verdict"] == "healthy"
+
+
+def test_doctor_names_no_knob_from_one_failure() -> None:
+    """One timeout among the requests is not a pattern: it said "fails only on long inputs" from one of five."""
+    few = [record("ok", prompt_tokens_before=300 + i, inflight=1, ttft_ms=100) for i in range(8)]
+    few += [record("timeout", prompt_tokens_before=2000, inflight=1)]
+    result = diagnose(few)
+    assert result["knob"] is None and result["verdict"] == "too few failures to tell (1 of 9)"
+    assert any("prompts over" in line and "failed; the others" in line for line in result["evidence"])  # plain words

@@ -134,11 +134,14 @@ class SimServer:
             await answer.start()
             async for batch in task.stream():
                 await answer.write(*batch)
-        except (asyncio.CancelledError, ConnectionResetError):
+            count = task.completion_tokens
+            usage = {"prompt_tokens": task.prompt_tokens, "completion_tokens": count,
+                     "total_tokens": task.prompt_tokens + count,
+                     "prompt_tokens_details": {"cached_tokens": task.cached_tokens}}  # fmt: skip
+            return await answer.finish(task.finish_reason, usage)
+        except asyncio.CancelledError:
             task.leave()
             raise
-        count = task.completion_tokens
-        usage = {"prompt_tokens": task.prompt_tokens, "completion_tokens": count,
-                 "total_tokens": task.prompt_tokens + count,
-                 "prompt_tokens_details": {"cached_tokens": task.cached_tokens}}  # fmt: skip
-        return await answer.finish(task.finish_reason, usage)
+        except ConnectionResetError:  # the client left (the proxy cancelled it): stop, as llama.cpp does, quietly
+            task.leave()
+            return answer.response or web.Response(status=499)

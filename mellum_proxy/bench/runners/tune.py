@@ -36,13 +36,16 @@ from mellum_proxy.bench.workloads.convert import from_recording, load_trace
 from mellum_proxy.bench.workloads.trace import Event, Trace, TraceError, limited
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE, fail
+from mellum_proxy.telemetry.stats import log_to_read
 
 ACCURACIES = (0.0, 0.3)
 
 
 def add_commands(commands: Any) -> None:
     tune = command(commands, "tune", "the policy settings for your typing on your server: writes config.toml", _tune)
-    tune.add_argument("traces", type=Path, nargs="+", help="`serve --record` files, or traces `bench replay` takes")
+    tune.add_argument("traces", type=Path, nargs="*",
+                      help="`serve --record` files, request logs, or traces `bench replay` takes "
+                           "[default: the request log serve writes]")  # fmt: skip
     tune.add_argument("--profile", required=True, help="`mellum-proxy profile` JSON, or a sim profile's name")
     tune.add_argument("--out", type=Path, required=True, help="where config.toml, tune.md and tune.json go")
     tune.add_argument("--limit-events", type=POSITIVE, default=1500, help="edits of each trace [default: 1500]")
@@ -58,7 +61,7 @@ def read_typing(path: Path) -> list[Event]:
     if path.name.endswith(".jsonl"):
         with path.open("rb") as handle:
             first = handle.readline()
-        if b'"prefix_chars"' in first:  # the proxy's own recording
+        if b'"prefix_chars"' in first or b'"received_at"' in first:  # the proxy's own recording, or its log
             return list(from_recording(path).events)
     return list(load_trace(path).events)
 
@@ -142,7 +145,8 @@ def _frontier(
 def _tune(args: argparse.Namespace) -> None:
     try:
         spec = profile(args.profile)
-        typing = [(path.name, list(limited(Trace(read_typing(path)), args.limit_events))) for path in args.traces]
+        paths = args.traces or [log_to_read(None)]
+        typing = [(path.name, list(limited(Trace(read_typing(path)), args.limit_events))) for path in paths]
     except (OSError, TraceError, ValueError) as exc:
         fail(str(exc))
     result = tune(typing, spec, args.max_tokens)

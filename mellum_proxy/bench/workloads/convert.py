@@ -124,15 +124,23 @@ def from_progsnap2(path: Path) -> Trace:
 def from_recording(path: Path) -> Trace:
     """A request that types on from the file's last one (the same suffix, the prefix that one's plus text, or
     less a tail: backspace) becomes that edit, so the typing is there to be predicted and typed through; any
-    other becomes an open of its prefix and suffix and an empty edit at the cursor."""
+    other becomes an open of its prefix and suffix and an empty edit at the cursor.
+
+    The request log (`serve --log`, on by default) reads the same way: its `received_at`, `session` and
+    `prompt_chars` are a recording's `t`, `session` and `prefix_chars`, without the file and the text (the
+    typing's timing and sizes, nothing to type through); its other lines (`acceptance`) are skipped."""
     events: list[Event] = []
     start: float | None = None
     last: dict[str, tuple[str, str]] = {}  # file -> its last request's prefix and suffix
     for _, line in json_lines(path):
-        start = line["t"] if start is None else start
-        t_ms = round((line["t"] - start) * 1000)
+        if line.get("event", "request") != "request":
+            continue
+        at = float(line["t"] if "t" in line else line["received_at"])
+        start = at if start is None else start
+        t_ms = round((at - start) * 1000)
         name = line.get("file") or f"session-{line.get('session', 'default')}"
-        prefix = str(line["prompt"]) if line.get("prompt") is not None else "x" * int(line["prefix_chars"])
+        chars = line["prefix_chars"] if "prefix_chars" in line else line["prompt_chars"]
+        prefix = str(line["prompt"]) if line.get("prompt") is not None else "x" * int(chars)
         suffix = str(line["suffix"]) if line.get("suffix") is not None else "x" * int(line["suffix_chars"])
         before, before_suffix = last.get(name, (None, None))
         last[name] = (prefix, suffix)
