@@ -37,7 +37,7 @@ from mellum_proxy.policies import (
 )
 from mellum_proxy.policies.cleanup import Cleaner
 from mellum_proxy.policies.lines import LineGate
-from mellum_proxy.policies.reuse import Hit, ReuseCache, rest_end
+from mellum_proxy.policies.reuse import Hit, ReuseCache, rest_end, tokens_in
 from mellum_proxy.telemetry import RequestRecord, Telemetry
 
 log = logging.getLogger("mellum_proxy")
@@ -91,6 +91,8 @@ class CompletionService:
             if scope.cancelled_caught:
                 outcome = Outcome.SHUTDOWN
             record.ended(outcome)
+            if completion.text_chunks:
+                completion.count_usage(record.prompt_tokens_after or 0)
             await answer.finish(completion, outcome)
         except ProxyError as error:
             record.ended(Outcome.UPSTREAM_ERROR, error.upstream_status)
@@ -225,6 +227,7 @@ class CompletionService:
                     record.cleaned_by(clean.stopped)
             if not rest:
                 return None
+            completion.count_usage(0, tokens_in(flight, len(hit.typed), len(hit.typed) + len(rest)))  # none evaluated
             return await self._send_reused(completion, answer, record, rest, finish)
         # Still streaming: follow it (a newer keystroke supersedes this request as it would any other).
         flight.listeners += 1
@@ -275,6 +278,7 @@ class CompletionService:
             self.flights.leave(flight, drop=cleaner is not None and cleaner.stopped is not None)
         if not sent:
             return None
+        completion.count_usage(0, tokens_in(flight, len(hit.typed), len(hit.typed) + taken))
         completion.finish_reason = limited or ((source.finish_reason or "stop") if flight.finished else "length")
         return Outcome.REUSED
 

@@ -152,6 +152,7 @@ class Completion:
     served_by: str | None = None  # which upstream answered (of several; `mellum_proxy.upstream.failover`)
     context_tokens: int = 0  # the context per request this completion was fitted to (llama.cpp's `n_ctx`)
     max_tokens: int = 0  # the most tokens it may generate (llama.cpp's `n_predict`)
+    text_chunks: int = 0  # chunks that carried text: the tokens generated (servers stream a token an event)
     _pieces: list[Chunk] = field(default_factory=list, repr=False)
 
     @property
@@ -160,6 +161,16 @@ class Completion:
         if len(pieces) > 1:
             self._pieces = pieces = [Chunk("".join([chunk.text for chunk in pieces]))]
         return pieces[0].text if pieces else ""
+
+    def count_usage(self, prompt_tokens: int, completion_tokens: int | None = None) -> None:
+        """`usage` as the proxy counts it, when the upstream's never came (the proxy closed the stream first, or
+        answered from an earlier completion): `completion_tokens` (default: the chunks with text), never 0
+        after real text."""
+        if self.usage is not None and self.usage.get("completion_tokens"):
+            return
+        generated = self.text_chunks if completion_tokens is None else completion_tokens
+        self.usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                      "total_tokens": prompt_tokens + generated}  # fmt: skip
 
     @property
     def has_text(self) -> bool:
@@ -170,6 +181,7 @@ class Completion:
         """Fold one chunk into the aggregate."""
         self._pieces.append(chunk)
         self.chunks += 1
+        self.text_chunks += chunk.has_text
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason
         if chunk.usage is not None:

@@ -133,6 +133,15 @@ def rest_end(flight: Flight, start: int, max_tokens: int | None, stops: Sequence
     return end, why
 
 
+def tokens_in(flight: Flight, start: int, end: int) -> int:
+    """How many of `flight`'s tokens the characters `start..end` of its text touch (a piece of one counts)."""
+    count = previous = 0
+    for at in flight.token_ends():  # token i holds the characters previous..at
+        count += at > start and previous < end
+        previous = at
+    return count
+
+
 def typed_through(
     old_prefix: str, new_prefix: str, text: str, streaming: bool = False, old_len: int | None = None
 ) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 import pytest
 
 from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
@@ -239,3 +240,22 @@ async def test_debounced_answer_in_the_clients_shape(
     else:
         assert (await resp.json())["choices"][0]["text"] == ""
     await second
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_completion_cut_at_the_deadline_counts_what_it_generated(
+    make_proxy: ProxyFactory, fake_upstream: Any, stream: bool
+) -> None:
+    """The upstream's usage never came (the proxy closed the stream at the deadline): llama.cpp's answer still
+    counts the tokens shown, not `tokens_predicted: 0` after real text."""
+    _, url = await fake_upstream(tokens=100, stall_after=3)
+    proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=300, tokenizer="chars")
+    resp = await proxy.post("/infill", json={"input_prefix": "x = ", "input_suffix": "\n", "stream": stream})
+    if stream:
+        sent = [orjson.loads(line[6:]) for line in (await resp.read()).splitlines() if line.startswith(b"data: ")]
+        final, content = sent[-1], "".join(event["content"] for event in sent)
+    else:
+        final = await resp.json()
+        content = final["content"]
+    assert content == "t0 t1 t2 " and final["stop"] is True
+    assert final["tokens_predicted"] == 3 and final["timings"]["predicted_n"] == 3

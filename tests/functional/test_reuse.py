@@ -28,13 +28,19 @@ async def test_typing_through_is_answered_without_the_upstream(make_proxy: Proxy
     assert (await first.json())["content"] == "t0 t1 t2 t3 "
     second = await proxy.post("/infill", json=body | {"input_prefix": "x = t0 t"})
     assert second.headers["X-Mellum-Outcome"] == "reused"
-    assert (await second.json())["content"] == "1 t2 t3 "  # exactly the rest
+    answer = await second.json()
+    assert answer["content"] == "1 t2 t3 "  # exactly the rest
+    # what it counts: the rest spans 3 of the server's tokens (one in part); no prompt was evaluated
+    assert (answer["tokens_predicted"], answer["tokens_evaluated"], answer["timings"]["predicted_n"]) == (3, 0, 3)
+    third = await proxy.post("/v1/completions", json={"prompt": "x = t0 t1 ", "suffix": "\n", "max_tokens": 8})
+    assert third.headers["X-Mellum-Outcome"] == "reused"
+    assert (await third.json())["usage"] == {"prompt_tokens": 0, "completion_tokens": 2, "total_tokens": 2}
     assert len(fake.payloads) == 1
     metrics = await (await proxy.get("/metrics")).text()
-    assert 'mellum_proxy_requests_total{outcome="reused"} 1.0' in metrics
+    assert 'mellum_proxy_requests_total{outcome="reused"} 2.0' in metrics
     await proxy.close()  # shutdown flushes the log
     lines = read_log(log)[0]
-    assert [line["outcome"] for line in lines] == ["ok", "reused"]
+    assert [line["outcome"] for line in lines] == ["ok", "reused", "reused"]
     assert lines[1]["reached_upstream"] is False
 
 
