@@ -121,7 +121,9 @@ async def _relay(app: web.Application, stream: web.StreamResponse) -> None:
         if now >= next_state:
             state = _state(app)
             if now - explained_at >= EXPLAIN_EVERY_S and explained_added != added:
-                state["explain"] = diagnose([{key: getattr(r, key) for key in DOCTOR_READS} for r in records])
+                explained = diagnose([{key: getattr(r, key) for key in DOCTOR_READS} for r in records])
+                state["explain"] = explained
+                explained["evidence"].insert(0, f"over the last {len(records)} requests kept ({added} since start)")
                 explained_at, explained_added = now, added
             out.append(_event("state", state))
             next_state = now + STATE_EVERY_S

@@ -73,7 +73,12 @@ async def test_the_page_lists_each_completion_as_it_is_answered(make_proxy: Prox
             assert shown[rid] == [record.outcome, str(round(record.ttft_ms))]
         upstream = await page.until("document.querySelector('#upstreams tbody tr')?.textContent", 5)
         assert embedded_server.url in upstream and "serving" in upstream
-        assert await page.until("document.querySelector('#evidence li')?.textContent", 10)  # doctor's reading
+        evidence = await page.until("document.querySelector('#evidence li')?.textContent", 10)  # doctor's reading
+        assert evidence.startswith("over the last 2 requests kept")  # what its counts are counted over
+        assert "answered since start" in await page.evaluate("document.querySelector('#upstreams thead').textContent")
+        now = "(() => { const s = document.getElementById('now'); return [s.scrollWidth, s.clientWidth]; })()"
+        scroll, width = await page.evaluate(now)
+        assert scroll <= width, (scroll, width)  # no sideways scrolling at 1,400 px
 
         reports = [REPORTS / "results.json", REPORTS / "lab.json"]
         document = await page.call("DOM.getDocument")
