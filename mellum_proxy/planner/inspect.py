@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from mellum_proxy.planner.gguf_header import HeaderError, TensorInfo, read_header
 from mellum_proxy.planner.kvcache import KV_BYTES, kv_bytes, kv_bytes_per_token
 from mellum_proxy.planner.shapes import ModelShape, shape_from_config, shape_from_gguf
 from mellum_proxy.planner.weights import precision_tag, weight_files
@@ -53,7 +54,32 @@ def _inspect_directory(directory: Path) -> ModelInfo:
 
 
 def _inspect_gguf(path: Path) -> ModelInfo:
-    from gguf import GGUFReader, LlamaFileType
+    from gguf import LlamaFileType
+
+    try:
+        metadata, tensors = read_header(path)  # the header only: GGUFReader reads every token (seconds)
+    except HeaderError:
+        metadata, tensors = _read_with_gguf(path)
+    by_type: Counter[str] = Counter()
+    for tensor in tensors:
+        by_type[tensor.type_name] += tensor.n_bytes
+    try:
+        tied = not any(tensor.name == "output.weight" for tensor in tensors)  # no separate LM head
+        shape = shape_from_gguf(metadata, tied_embeddings=tied)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InspectError(f"{path} lacks the model metadata the planner needs: {exc!r}") from exc
+    file_type = metadata.get("general.file_type")
+    try:
+        tag = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else ""
+    except ValueError:
+        tag = ""
+    precision = tag or precision_tag([path.name], None)
+    return ModelInfo(path, shape, sum(by_type.values()), precision, (path.name,), dict(by_type))
+
+
+def _read_with_gguf(path: Path) -> tuple[dict[str, Any], list[TensorInfo]]:
+    """What `read_header` reads, through the `gguf` package's reader (any byte order or version it knows)."""
+    from gguf import GGUFReader
 
     try:
         reader = GGUFReader(str(path))
@@ -67,21 +93,8 @@ def _inspect_gguf(path: Path) -> ModelInfo:
             metadata[name] = value.contents()
         except Exception:  # a field of an unknown type says nothing we need
             continue
-    by_type: Counter[str] = Counter()
-    for tensor in reader.tensors:
-        by_type[tensor.tensor_type.name] += int(tensor.n_bytes)
-    try:
-        tied = not any(tensor.name == "output.weight" for tensor in reader.tensors)  # no separate LM head
-        shape = shape_from_gguf(metadata, tied_embeddings=tied)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InspectError(f"{path} lacks the model metadata the planner needs: {exc!r}") from exc
-    file_type = metadata.get("general.file_type")
-    try:
-        tag = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else ""
-    except ValueError:
-        tag = ""
-    precision = tag or precision_tag([path.name], None)
-    return ModelInfo(path, shape, sum(by_type.values()), precision, (path.name,), dict(by_type))
+    tensors = [TensorInfo(t.name, t.tensor_type.name, int(t.n_bytes)) for t in reader.tensors]
+    return metadata, tensors
 
 
 def bundled_shape(name: str) -> ModelShape:

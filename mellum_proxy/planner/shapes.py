@@ -6,6 +6,7 @@ expert resident, so weights follow the *total* parameters; only speed follows th
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,7 +139,7 @@ def shape_from_gguf(metadata: dict[str, Any], tied_embeddings: bool = False) -> 
         heads=heads,
         kv_heads=int(kv_heads[0] if isinstance(kv_heads, list) else kv_heads),
         head_dim=int(get("attention.key_length") or hidden // heads),
-        vocab=len(vocab) if isinstance(vocab, list) else int(get("vocab_size") or 0),
+        vocab=len(vocab) if isinstance(vocab, Sized) and not isinstance(vocab, str) else int(get("vocab_size") or 0),
         max_context=int(get("context_length") or 0),
         intermediate=int(get("feed_forward_length") or 0),
         layer_kinds=kinds,

@@ -88,7 +88,7 @@ def test_precision_tags(names: list[str], config: dict[str, object] | None, tag:
     assert precision_tag(names, config) == tag
 
 
-def write_gguf(path: Path) -> None:
+def write_gguf(path: Path, vocab: int = 32) -> None:
     from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 
     writer = GGUFWriter(str(path), "llama")
@@ -100,7 +100,8 @@ def write_gguf(path: Path) -> None:
     writer.add_head_count_kv(2)
     writer.add_key_length(16)
     writer.add_file_type(LlamaFileType.MOSTLY_F16)
-    writer.add_token_list([f"t{i}" for i in range(32)])
+    writer.add_token_list([f"t{i}" for i in range(vocab)])
+    writer.add_token_scores([0.5] * vocab)  # a long array of numbers, skipped by its length
     writer.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float16))
     writer.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float32), raw_dtype=GGMLQuantizationType.F32)
     writer.write_header_to_file()
@@ -135,3 +136,25 @@ def test_not_a_model(tmp_path: Path) -> None:
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf")
     with pytest.raises(InspectError, match="GGUF"):
         inspect_path(tmp_path / "bad.gguf")
+
+
+def test_the_header_reader_agrees_with_the_gguf_package(tmp_path: Path) -> None:
+    """`inspect` reads a GGUF's header itself (0.5 s for the embedded model, against 8.9 s through `GGUFReader`,
+    which reads every token string): the same metadata and tensor sizes, a long array only counted."""
+    from gguf import GGUFReader
+
+    from mellum_proxy.planner.gguf_header import LongArray, read_header
+
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, vocab=5000)
+    metadata, tensors = read_header(path)
+    reader = GGUFReader(str(path))
+    assert [(t.name, t.type_name, t.n_bytes) for t in tensors] == [
+        (t.name, t.tensor_type.name, int(t.n_bytes)) for t in reader.tensors
+    ]
+    for name, field in reader.fields.items():
+        if not name.startswith("GGUF."):
+            expected = field.contents()
+            assert metadata[name] == (LongArray(len(expected)) if isinstance(expected, list) and len(expected) > 4096
+                                      else expected)  # fmt: skip
+    assert inspect_path(path).shape.vocab == 5000
