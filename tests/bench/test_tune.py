@@ -98,3 +98,14 @@ def test_a_target_no_policy_could_meet_at_accuracy_0_is_not_held_against_any() -
     assert waived == [("me", 0.0)] and met["defaults"]["requests"] and chosen == "defaults"
     _, met, waived = choose(runs, {"me": [1.0] * 99 + [1e9]})  # a burst a policy could have waited out
     assert waived == [] and not met["defaults"]["requests"]
+
+
+def test_five_servers_plot_in_rows_with_the_legend_under_each_panel(tmp_path: Path) -> None:
+    """Five panels in one row made a 3,300 x 495 strip with the legend over a curve's label."""
+    result = tune([("bursts", burst_trace())], PROFILES["embedded-cpu"], policies=CANDIDATES[:1])
+    panel = result["frontier"]
+    five = {key: {f"server {i}": next(iter(panel[key].values()), []) for i in range(5)} for key in panel}
+    plot(five, tmp_path / "frontier.png")
+    header = (tmp_path / "frontier.png").read_bytes()[16:24]
+    width, height = int.from_bytes(header[:4], "big"), int.from_bytes(header[4:], "big")
+    assert width <= 2100 and height > width / 2  # three columns, two rows

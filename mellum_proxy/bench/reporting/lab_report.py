@@ -236,6 +236,9 @@ def render(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+PLOT_COLUMNS = 3  # panels a row in frontier.png
+
+
 def plot(result: dict[str, Any], path: Path, highlight: str | None = None) -> None:
     """Upstream requests per edit against p95, one panel per server; colour: coverage; frontier ringed;
     `highlight`: one more policy to name (tune's choice)."""
@@ -245,8 +248,12 @@ def plot(result: dict[str, Any], path: Path, highlight: str | None = None) -> No
     import matplotlib.pyplot as plt
 
     profiles = list(result["profiles"])
-    figure, axes = plt.subplots(1, len(profiles), figsize=(6 * len(profiles), 4.5), squeeze=False)
-    for axis, prof in zip(axes[0], profiles, strict=True):
+    columns = min(PLOT_COLUMNS, len(profiles))  # five servers in one row made a 3,300-pixel strip
+    rows = math.ceil(len(profiles) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(6 * columns, 5.2 * rows), squeeze=False)
+    for axis in axes.flat[len(profiles) :]:
+        axis.set_visible(False)
+    for axis, prof in zip(axes.flat, profiles, strict=False):
         # a policy that answered no pause has no p95 (NaN in memory, null once read back from JSON): not drawn
         means = [m for m in result["means"][prof] if m["latency_p95_ms"] is not None
                  and not math.isnan(m["latency_p95_ms"])]  # fmt: skip
@@ -269,12 +276,12 @@ def plot(result: dict[str, Any], path: Path, highlight: str | None = None) -> No
             axis.axvline(1.5 * oracle["requests_per_edit"], color="grey", linestyle=":", linewidth=1,
                          label="targets: 1.5x oracle requests, 1.1x its p95")  # fmt: skip
             axis.axhline(1.1 * oracle["latency_p95_ms"], color="grey", linestyle=":", linewidth=1)
-        if bound or oracle is not None:
-            axis.legend(loc="upper right", fontsize=8)
+        if bound or oracle is not None:  # under the panel, where it covers no point and no label
+            axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False)
         axis.set_title(f"{prof}: mean over traces (red: Pareto frontier)")
         axis.set_xlabel("upstream requests per edit")
         axis.set_ylabel("pause->shown p95 (ms)")
         figure.colorbar(points, ax=axis, label="pause coverage")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
