@@ -1,11 +1,11 @@
 """`mellum-proxy bench ladder`: prompt lengths x concurrency against a real server, one variable at a time.
 
-One fixed code snippet (the project's own `mellum_proxy/bench/code/` by default) is cut to each prompt length in tokens,
-exactly, with the server's own tokenizer; the longest defaults to near the server's context. Every cell
-sends `repeat` streaming requests, `concurrency` at once, at temperature 0 and a fixed seed with the prompt
-cache off (`cache_prompt: false`), and records time to first token, total time, tokens from `usage`,
-failures by kind, and memory: GPU through NVML (null without an NVIDIA driver) and the server process's
-host RSS where its PID is known (labelled host memory).
+One fixed code snippet (the project's own `mellum_proxy/bench/code/` by default) is cut to each prompt length in
+tokens, exactly, with the server's own tokenizer; the longest defaults to near the server's context. Every cell
+sends `repeat` streaming requests (rounded up to whole groups of `concurrency`), `concurrency` at once, at
+temperature 0 and a fixed seed with the prompt cache off (`cache_prompt: false`), and records time to first
+token, total time, tokens from `usage`, failures by kind, and memory: GPU through NVML (null without an NVIDIA
+driver) and the server process's host RSS where its PID is known (labelled host memory).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -43,7 +44,8 @@ def add_commands(commands: Any) -> None:
     add_proxy_options(ladder)
     ladder.add_argument("--contexts", default="short,mid,long", help="prompt tokens, or short,mid,long [default]")
     ladder.add_argument("--concurrency", default="1,2,4", help="requests at once [default: 1,2,4]")
-    ladder.add_argument("--repeat", type=POSITIVE, default=5, help="requests per cell [default: 5]")
+    ladder.add_argument("--repeat", type=POSITIVE, default=5,
+                        help="requests per cell, rounded up to a multiple of the concurrency [default: 5]")  # fmt: skip
     ladder.add_argument("--max-tokens", type=POSITIVE, default=64)
     ladder.add_argument(
         "--code", type=Path, help="the code snippet [default: the shipped mellum_proxy/bench/code corpus]"
@@ -278,13 +280,15 @@ async def run_ladder(
             for concurrency in concurrencies:
                 cell = Cell(context, concurrency)
                 async with watching(gpu, pid, cell):
-                    remaining = repeat
-                    while remaining > 0:
-                        batch = min(concurrency, remaining)
+                    # whole groups only: a lone last request (repeat 5 at concurrency 2) ran alone and was
+                    # averaged with the concurrent ones
+                    for _ in range(math.ceil(repeat / concurrency)):
                         cell.attempts += await asyncio.gather(
-                            *(one_request(session, url, prompt, max_tokens, timeout_s, model) for _ in range(batch))
+                            *(
+                                one_request(session, url, prompt, max_tokens, timeout_s, model)
+                                for _ in range(concurrency)
+                            )
                         )
-                        remaining -= batch
                 cells.append(cell)
                 if progress:
                     s = cell.summary()
