@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import orjson
@@ -80,10 +80,13 @@ def completion_handler(dialect: Dialect, route: CompletionRoute) -> Handler:
     """Parse in the dialect, serve through the one service, answer in the dialect's shape."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        normalized = route.parse(await read_json(request), request.headers, request_id(request))
+        service = request.app[SERVICE]
+        arrived = service.clock.now()  # its record counts from here, the body's read included
+        normalized = replace(route.parse(await read_json(request), request.headers, request_id(request)),
+                             arrived=arrived)  # fmt: skip
         answer = HttpAnswer(request, dialect.encoder(normalized))
         request[RECORDED] = True
-        await request.app[SERVICE].complete(normalized, answer)
+        await service.complete(normalized, answer)
         return answer.result()
 
     return handle

@@ -43,7 +43,10 @@ class Telemetry:
 
     def start(self, request: NormalizedRequest) -> RequestRecord:
         clock = self.clock
-        record = RequestRecord.start(request, clock.now(), clock.unix(), self.log_content, self.log is not None)
+        now, unix = clock.now(), clock.unix()
+        if request.arrived is not None:  # the edge saw it first (its body still to read)
+            now, unix = request.arrived, unix - max(0.0, now - request.arrived)
+        record = RequestRecord.start(request, now, unix, self.log_content, self.log is not None)
         if self.recorder is not None:
             self.recorder.put(arrival(request, record.received_at, self.log_content))
         if self.gpu is not None:

@@ -3,6 +3,7 @@ an `event` on every line; `stats`, `doctor` and `tune` read it when given no fil
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from mellum_proxy.cli import main
 from mellum_proxy.config import Settings, load_settings
-from mellum_proxy.http import TELEMETRY
+from mellum_proxy.http import RECORDS, TELEMETRY
 from tests.conftest import ProxyFactory
 
 SECRET = "def secret_function_name(x):\n    return "
@@ -73,3 +74,19 @@ def test_tune_reads_the_request_log_as_typing(tmp_path: Path) -> None:
     events = read_typing(log)
     assert [type(e) for e in events] == [Open, Edit, Edit, Edit]
     assert [e.t_ms for e in events] == [0, 0, 200, 400]
+
+
+async def test_a_records_time_counts_from_its_arrival(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
+    """A body that takes 300 ms to arrive: the record's time includes it (it counted from the parsed body)."""
+    _, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url, tokenizer="chars", reuse=False)
+
+    async def slowly() -> Any:
+        yield b'{"prompt": "def f(", '
+        await asyncio.sleep(0.3)  # the client, not a synchronization: its body's second half comes later
+        yield b'"suffix": ")"}'
+
+    resp = await proxy.post("/v1/completions", data=slowly(), headers={"Content-Type": "application/json"})
+    assert resp.status == 200
+    record = proxy.app[RECORDS].last()
+    assert record.total_ms is not None and record.total_ms >= 300
