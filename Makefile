@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint docs gpu-check clean
+.PHONY: run test test-fast lint docs gpu-check clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mellum-proxy needs Python >= 3.11")'
@@ -18,6 +18,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The edit-run loop: everything but the tests against the real llama.cpp server (marked `embedded`).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not embedded" -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check mellum_proxy tests docs/hooks

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 
@@ -50,7 +50,7 @@ class Page:
         answer = asyncio.get_running_loop().create_future()
         self._waiting[number] = answer
         await self.socket.send_json({"id": number, "method": method, "params": params})
-        return await answer
+        return cast(dict[str, Any], await answer)
 
     async def read(self) -> None:
         async for message in self.socket:

@@ -34,6 +34,14 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     monkeypatch.setenv("XDG_CACHE_HOME", str(CACHE))  # the GGUF tokenizer is built once, not in every test
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the real server is marked `embedded`, however it reaches the fixture: `make test-fast`
+    leaves them out."""
+    for item in items:
+        if "embedded_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.embedded)
+
+
 @pytest.fixture(scope="session")
 def embedded_server() -> Iterator[EmbeddedServer]:
     """gemma-3-270m in llama.cpp, 2 slots of 2048 tokens: the real upstream of the suite."""

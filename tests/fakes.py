@@ -122,7 +122,8 @@ class CountingVllm:
                                "completion). Please reduce the length of the messages or completion.")  # fmt: skip
                     return web.json_response({"object": "error", "message": message, "type": "BadRequestError",
                                               "param": None, "code": 400}, status=400)  # fmt: skip
-            return await handler(request)
+            answered: web.StreamResponse = await handler(request)
+            return answered
 
         async def models(request: web.Request) -> web.Response:
             entry = {"id": self.model, "object": "model", "owned_by": "vllm", "max_model_len": self.max_model_len}

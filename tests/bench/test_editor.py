@@ -16,7 +16,7 @@ from mellum_proxy.bench.runners.playback import schedule
 from mellum_proxy.bench.runners.policy import parse_policy
 from mellum_proxy.bench.runners.replay import run_policy
 from mellum_proxy.bench.workloads.editor import EditMark, RequestResult, account
-from mellum_proxy.bench.workloads.trace import Edit, Open
+from mellum_proxy.bench.workloads.trace import Edit, Event, Open
 from tests.bench.bursts import burst_trace
 
 
@@ -60,7 +60,8 @@ def test_edits_of_another_file_do_not_hide_a_completion() -> None:
 
 
 def test_schedule_shortens_long_gaps_only() -> None:
-    events = [Open(0, "a", ""), Edit(100, "a", 0, 0, "x"), Edit(60_000, "a", 1, 0, "y"), Edit(60_200, "a", 2, 0, "z")]
+    events: list[Event] = [Open(0, "a", ""), Edit(100, "a", 0, 0, "x"), Edit(60_000, "a", 1, 0, "y"),
+                           Edit(60_200, "a", 2, 0, "z")]  # fmt: skip
     assert schedule(events, max_gap_ms=2000) == [0, 100, 2100, 2300]
 
 
@@ -158,7 +159,7 @@ async def test_the_server_counters_are_read_once_it_has_finished(aiohttp_server:
     slow = SimServer(replace(PROFILES["fast"], prefill_tps=400, slots=2))
     url = str((await aiohttp_server(slow.app())).make_url("")).rstrip("/")
     long_file = "".join(f"value_{i} = compute({i})\n" for i in range(100))  # 2 s or so to prefill
-    events = [
+    events: list[Event] = [
         Open(0, "short.py", "x = "),
         Open(0, "long.py", long_file),  # the warm-up caches short.py only
         Edit(50, "long.py", len(long_file), 0, "x"),  # abandoned at the next edit, mid-prefill

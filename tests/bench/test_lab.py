@@ -13,7 +13,7 @@ from mellum_proxy.bench.reporting.lab_report import pareto
 from mellum_proxy.bench.runners.lab import run_lab
 from mellum_proxy.bench.runners.policy import Policy
 from mellum_proxy.bench.workloads.synth import synthesize
-from mellum_proxy.bench.workloads.trace import Edit, Open, next_typed
+from mellum_proxy.bench.workloads.trace import Edit, Event, Open, next_typed
 from tests.virtual_time import run_virtual
 
 SLOW = replace(PROFILES["embedded-cpu"], slots=1, overhead_ms=0, batch_penalty=0)
@@ -71,7 +71,7 @@ def test_prompt_cache_prefills_only_what_changed() -> None:
 
 
 def test_next_typed_follows_typing_at_the_cursor() -> None:
-    events = [Open(0, "a", ""), Edit(1, "a", 0, 0, "d"), Edit(2, "a", 1, 0, "ef"), Edit(3, "a", 0, 0, "X")]
+    events: list[Event] = [Open(0, "a", ""), Edit(1, "a", 0, 0, "d"), Edit(2, "a", 1, 0, "ef"), Edit(3, "a", 0, 0, "X")]
     truth = next_typed(events)
     assert truth == {1: "ef", 2: "", 3: ""}  # the edit at offset 0 is not typing on at the cursor
 
@@ -84,7 +84,7 @@ def test_the_lab_replays_direct_and_the_defaults_and_reuse_saves_requests() -> N
     assert direct.upstream_requests == direct.edits == defaults.edits
     assert defaults.reused > 0 and defaults.upstream_requests + defaults.reused <= defaults.edits
     assert defaults.pause_coverage is not None and defaults.pause_coverage >= (direct.pause_coverage or 0) - 0.01
-    assert defaults.predicted_chars >= direct.predicted_chars  # what the person typed next, shown
+    assert (defaults.predicted_chars or 0) >= (direct.predicted_chars or 0)  # what the person typed next, shown
     assert defaults in pareto([direct, defaults])  # no other result beats it on requests, coverage and p95
 
 

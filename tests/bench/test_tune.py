@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -104,7 +105,9 @@ def test_five_servers_plot_in_rows_with_the_legend_under_each_panel(tmp_path: Pa
     """Five panels in one row made a 3,300 x 495 strip with the legend over a curve's label."""
     result = tune([("bursts", burst_trace())], PROFILES["embedded-cpu"], policies=CANDIDATES[:1])
     panel = result["frontier"]
-    five = {key: {f"server {i}": next(iter(panel[key].values()), []) for i in range(5)} for key in panel}
+    five: dict[str, Any] = {
+        key: {f"server {i}": next(iter(panel[key].values()), []) for i in range(5)} for key in panel
+    }
     plot(five, tmp_path / "frontier.png")
     header = (tmp_path / "frontier.png").read_bytes()[16:24]
     width, height = int.from_bytes(header[:4], "big"), int.from_bytes(header[4:], "big")

@@ -4,6 +4,8 @@ tests/functional/test_budget.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 from tokenizers.pre_tokenizers import ByteLevel
 
@@ -23,8 +25,9 @@ def spm_fields(**extra: object) -> dict[str, object]:
             "add_bos_token": True, "add_space_prefix": False, "unknown_token_id": 0, **extra}  # fmt: skip
 
 
-def pieces(fields: dict[str, object], text: str, special: bool = False) -> list[str]:
-    return build_tokenizer(fields).encode(text, add_special_tokens=special).tokens
+def pieces(fields: Mapping[str, object], text: str, special: bool = False) -> list[str]:
+    tokens: list[str] = build_tokenizer(dict(fields)).encode(text, add_special_tokens=special).tokens
+    return tokens
 
 
 def test_sentencepiece_merges_the_best_scoring_pair_first() -> None:

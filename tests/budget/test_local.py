@@ -21,7 +21,7 @@ class Server:
 
     async def get_json(self, path: str) -> Any:
         if path == "/props":
-            raise UpstreamStatusError(404, b"not found")
+            raise UpstreamStatusError(404, "not found")
         return {"data": [{"id": "mellum", "root": self.root}]}
 
     async def tokenize(self, body: dict[str, Any]) -> Any:

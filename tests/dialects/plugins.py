@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -37,7 +37,7 @@ def json_object(raw: bytes, who: str) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         raise PluginBrokeError(f"{who}: not JSON: {raw[:200]!r}") from exc
     need(isinstance(body, dict), f"{who}: not a JSON object")
-    return body
+    return cast(dict[str, Any], body)
 
 
 def sse_data(raw: bytes) -> list[bytes]:
@@ -139,11 +139,13 @@ def continue_show(body: dict[str, Any]) -> int:
     `line.match(...)` and `parts.length` (a line that does not match is a TypeError); `num_ctx` becomes the
     context length Continue sizes prompts by; FIM only when `template` includes `.Suffix`."""
     parameters = body.get("parameters")
-    need(isinstance(parameters, str), "Continue: /api/show without parameters")
+    if not isinstance(parameters, str):
+        raise PluginBrokeError("Continue: /api/show without parameters")
     context = 0
     for line in parameters.split("\n"):
         parts = _CONTINUE_PARAMETER.match(line)
-        need(parts is not None, f"Continue: a parameters line it cannot match: {line!r}")
+        if parts is None:
+            raise PluginBrokeError(f"Continue: a parameters line it cannot match: {line!r}")
         if parts[1] == "num_ctx":
             context = int(parts[2])
     need(".Suffix" in str(body.get("template")), "Continue: no .Suffix in the template: no FIM")
@@ -262,7 +264,7 @@ class Plugin:
     headers: tuple[tuple[str, str], ...] = ()
 
     def body(self) -> dict[str, Any]:
-        return orjson.loads((FIXTURES / self.fixture).read_bytes())
+        return cast(dict[str, Any], orjson.loads((FIXTURES / self.fixture).read_bytes()))
 
 
 PLUGINS = (

@@ -63,9 +63,9 @@ def test_structured_configs_parse() -> None:
     assert all(m["roles"] == ["autocomplete"] for m in cont["models"])
     assert cont["models"][0]["autocompleteOptions"]["modelTimeout"] == 2000  # the deadline, and room for the answer
     vscode = jsonc((CONFIG_DIR / "llama-vscode.json").read_text())
-    assert vscode["llama-vscode.endpoint"] == "http://127.0.0.1:8011"  # type: ignore[index]
+    assert isinstance(vscode, dict) and vscode["llama-vscode.endpoint"] == "http://127.0.0.1:8011"
     twinny = jsonc((CONFIG_DIR / "twinny.json").read_text())
-    assert twinny["twinny.debounceWait"] == 1  # type: ignore[index]  (the proxy's adaptive hold decides)
+    assert isinstance(twinny, dict) and twinny["twinny.debounceWait"] == 1  # the proxy's adaptive hold decides
     tabby = tomllib.loads((CONFIG_DIR / "tabby.toml").read_text())
     assert tabby["model"]["completion"]["http"]["kind"] == "llama.cpp/completion"
 

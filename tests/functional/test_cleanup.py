@@ -3,6 +3,7 @@ the upstream's answer is closed before its last event, so the server stops decod
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ WRITTEN = {
     "fim_marker": ["return", " w", " *", " h", "<fim_", "suffix>", "\n"] + ["junk\n"] * 30,
 }
 SHOWN = {"suffix_repeat": "return w * h", "repeated_line": "return w * h\n    total += 1", "fim_marker": "return w * h"}
-BODIES = {
+BODIES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "openai": ("/v1/completions", lambda stream: {"prompt": PREFIX, "suffix": SUFFIX, "stream": stream}),
     "llamacpp": ("/infill", lambda stream: {"input_prefix": PREFIX, "input_suffix": SUFFIX, "stream": stream}),
     "ollama": ("/api/generate", lambda stream: {"model": "m", "prompt": PREFIX, "suffix": SUFFIX, "raw": True,

@@ -121,7 +121,7 @@ async def test_continue_llama_cpp_completion_stream(proxy: Any) -> None:
     seen = [event async for event in events(resp)]
     content = "".join(e["content"] for e in seen if isinstance(e, dict) and e.get("content"))  # streamSse
     assert content
-    assert seen[-1]["stop"] is True and "[DONE]" not in seen
+    assert isinstance(seen[-1], dict) and seen[-1]["stop"] is True and "[DONE]" not in seen
 
 
 async def test_continue_ollama_discovery_and_fim_stream(proxy: Any) -> None:

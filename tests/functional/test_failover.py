@@ -34,8 +34,8 @@ async def test_the_routing_key_is_the_developer_in_every_session(make_proxy: Pro
     for session in ("vscode-1", "vscode-2"):
         resp = await proxy.post("/v1/completions", json=BODY, headers={"X-Session-Id": session})
         assert resp.status == 200
-    chat = {"messages": [{"role": "user", "content": "hi"}]}
-    await proxy.post("/v1/chat/completions", json=chat, headers={"X-Session-Id": "vscode-1"})
+    question = {"messages": [{"role": "user", "content": "hi"}]}
+    await proxy.post("/v1/chat/completions", json=question, headers={"X-Session-Id": "vscode-1"})
     assert [headers["X-Session-Id"] for headers in fake.headers] == ["ada", "ada", "ada"]
     assert all(headers["x-gateway-inference-objective"] == "critical" for headers in fake.headers)
     status = await (await proxy.get("/status")).json()
@@ -96,6 +96,7 @@ async def test_a_failing_upstream_hands_over_to_the_next_and_is_not_asked_again_
     assert f'mellum_proxy_upstream_requests_total{{result="failed",upstream="{router_url}"}} 1.0' in metrics
     assert f'mellum_proxy_upstream_up{{upstream="{router_url}"}} 1.0' in metrics
     sink = proxy.app[TELEMETRY].log
+    assert sink is not None
     await sink.flushed()
     lines = read_log(sink.path)[0]
     assert [line["upstream"] for line in lines] == [router_url] + [local_url] * 4 + [router_url]

@@ -78,7 +78,8 @@ def counting_health(app: web.Application) -> tuple[list[int], Changes]:
         if request.path == "/health":
             checks[0] += 1
             checked.notify()
-        return await handler(request)
+        answered: web.StreamResponse = await handler(request)
+        return answered
 
     app.middlewares.append(count)
     return checks, checked

@@ -119,6 +119,7 @@ async def served_next(proxy: TestClient[Any, Any], fake: FaultUpstream) -> bool:
 
 async def logged(proxy: TestClient[Any, Any]) -> list[dict[str, Any]]:
     sink = proxy.app[TELEMETRY].log
+    assert sink is not None
     await sink.flushed()
     return read_log(sink.path)[0]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -44,7 +45,7 @@ async def test_typing_through_is_answered_without_the_upstream(make_proxy: Proxy
     assert lines[1]["reached_upstream"] is False
 
 
-BODIES = {
+BODIES: dict[str, tuple[str, Callable[[str, bool], dict[str, Any]]]] = {
     "openai": ("/v1/completions", lambda prefix, stream: {"prompt": prefix, "suffix": "\n", "max_tokens": 8,
                                                             "stream": stream}),
     "llamacpp": ("/infill", lambda prefix, stream: {"input_prefix": prefix, "input_suffix": "\n", "n_predict": 8,

@@ -77,7 +77,8 @@ def vllm_shaped(fake: FakeUpstream, key: str) -> web.Application:
                 message = f"The model `{model}` does not exist."
                 return web.json_response({"object": "error", "message": message, "type": "NotFoundError",
                                           "code": 404}, status=404)  # fmt: skip
-        return await handler(request)
+        answered: web.StreamResponse = await handler(request)
+        return answered
 
     async def models(request: web.Request) -> web.Response:
         entry = {"id": VLLM_MODEL, "object": "model", "owned_by": "vllm", "max_model_len": 1024}
@@ -97,7 +98,7 @@ def vllm_shaped(fake: FakeUpstream, key: str) -> web.Application:
     return app
 
 
-BODIES = {
+BODIES: dict[str, dict[str, Any]] = {
     "/v1/completions": {"prompt": "def f(", "suffix": ")", "model": "mellum"},  # what the shipped configs send
     "/infill": {"input_prefix": "def f(", "input_suffix": ")"},
     "/completion": {"prompt": "def f("},

@@ -34,6 +34,7 @@ async def test_log_metrics_and_status_after_real_requests(
         vram_interval_ms=60_000,
     )
     sampler = proxy.app[TELEMETRY].gpu
+    assert sampler is not None
     await sampler.sample_once()
 
     stream = await proxy.post("/v1/completions", json={"prompt": SECRET, "max_tokens": 16, "temperature": 0,

