@@ -1,15 +1,18 @@
 """The composition root: the completion core built from the settings' sections.
 
-The HTTP edge (`mellum_proxy.http.lifecycle`), the policy lab (`mellum_proxy.bench.runners.lab`) and the tests
-build the core the same way: `build_policies`, `budget_settings` and `build_counter` from their sections,
-`UpstreamClient`s with `upstream_clients`, and `build_core` for the service and its discovery.
-Nothing here knows HTTP servers.
+`open_core` is the one way a proxy starts and stops its core: the upstream session, the clients in failover
+order, discovery and its tasks, the service; `serve`, `serve_app` and so the tests and the bench enter it
+through the HTTP edge (`mellum_proxy.http.lifecycle`). The policy lab (`mellum_proxy.bench.runners.lab`) runs
+the core on a simulated server in virtual time, built from the same parts: `build_policies`, `budget_settings`
+and `build_core`. Nothing here knows HTTP servers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,14 +30,17 @@ from mellum_proxy.budget.gguf_vocab import UnsupportedVocabulary
 from mellum_proxy.budget.local import load_local
 from mellum_proxy.budget.tokenizers import Tokenize, upstream_counter
 from mellum_proxy.clock import LOOP_CLOCK, Clock
-from mellum_proxy.completion import CompletionService, Policies
 from mellum_proxy.discovery import Discovery, DiscoveryKnobs
-from mellum_proxy.flight import CompletionSource
+from mellum_proxy.errors import UpstreamError
 from mellum_proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
-from mellum_proxy.policies.reuse import ReuseCache
 from mellum_proxy.sections import BudgetSection, PolicySection, Sections, UpstreamSection
+from mellum_proxy.serving import CompletionService, Policies
+from mellum_proxy.serving.reuse import ReuseCache
 from mellum_proxy.telemetry import Telemetry
 from mellum_proxy.upstream import UpstreamClient
+from mellum_proxy.upstream.capabilities import CompletionSource
+from mellum_proxy.upstream.failover import Upstreams, failover_answer_s
+from mellum_proxy.upstream.kinds import discover
 
 log = logging.getLogger("mellum_proxy")
 
@@ -108,12 +114,13 @@ def discovery_knobs(sections: Sections) -> DiscoveryKnobs:
 
 @dataclass(slots=True)
 class Core:
-    """The completion core of one proxy."""
+    """The completion core of one proxy (`pool`: its upstreams in failover order, once `open_core` runs it)."""
 
     policies: Policies
     budget: ContextBudget
     service: CompletionService
     discovery: Discovery
+    pool: Upstreams | None = None
 
 
 def build_core(
@@ -132,3 +139,115 @@ def build_core(
     known = sections.policies.max_concurrency != 0 or slots is not None
     discovery = Discovery(discovery_knobs(sections), primary, policies, budget, embedded_model, known, tokenize)
     return Core(policies, budget, CompletionService(source, policies, budget, telemetry), discovery)
+
+
+def upstream_urls(section: UpstreamSection, embedded_url: str | None) -> list[str]:
+    """The upstreams in order: the embedded server alone, or after the `upstream`s the user set."""
+    if embedded_url is None:
+        return list(section.urls)
+    if not section.urls_set:
+        return [embedded_url]
+    return [*section.urls, embedded_url]
+
+
+@asynccontextmanager
+async def open_core(
+    sections: Sections,
+    telemetry: Telemetry,
+    embedded_url: str | None = None,
+    embedded_model: Path | None = None,
+    on_built: Callable[[Core], None] | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> AsyncIterator[Core]:
+    """The core over its upstreams for the body of the `async with`.
+
+    Args:
+        embedded_url, embedded_model: the embedded server, when there is one (the last fallback, or the upstream).
+        on_built: called with the core before discovery decides anything (the edge files it where routes read it).
+        on_ready: called once everything a completion depends on is decided (the ready block).
+
+    On exit the service is closed at once (its grace period is the caller's shutdown step, which comes first),
+    then the discovery and health tasks, then the session, so nothing outlives what it uses.
+    """
+    section = sections.upstream
+    urls = upstream_urls(section, embedded_url)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=section.connect_timeout_s)
+    connector = aiohttp.TCPConnector(limit=0)  # concurrency is the policies' job, not the pool's
+    headers = dict(section.headers)  # on every upstream request, pass-through too
+    if section.api_key:
+        headers["Authorization"] = f"Bearer {section.api_key}"
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers or None) as session:
+        clients = upstream_clients(session, urls, section)
+        upstream = clients[0]  # the primary: what discovery asks; the others are its fallbacks
+        upstream.native_ollama = section.kind == "ollama"
+        answer_s = failover_answer_s(sections.policies.timeout_s, section.answer_timeout_s)
+        pool = Upstreams(clients, answer_s, section.health_interval_s)
+        reachable = await asyncio.gather(*(client.reachable() for client in clients))
+        for member, up in zip(pool.members, reachable, strict=True):
+            member.up = up or len(clients) == 1
+            member.last_error = None if member.up else "not reachable at start"
+        found = await discover(upstream, section.kind) if reachable[0] else None
+        slots = found.slots if found is not None and sections.policies.max_concurrency == 0 else None
+        counter = await build_counter(sections.budget, pool, upstream.model)
+        model = embedded_model if embedded_url is not None and urls[0] == embedded_url else None
+        core = build_core(sections, pool, upstream, counter, telemetry, slots, model, tokenize=pool)
+        core.pool = pool
+        if on_built is not None:
+            on_built(core)
+        discovery = core.discovery
+        if found is not None:
+            discovery.apply(found)
+        if core.budget.settings.template is None:
+            log.warning("fim_template=none sends the text after the cursor as `suffix`: vLLM and llama.cpp "
+                        "builds that list it as unsupported answer 400; prefer the model's template")  # fmt: skip
+        discovery.on_ready = on_ready
+        if reachable[0]:
+            await discovery.prepare()  # decided (and the embedded server warm) before the first request can come
+        tasks = [asyncio.create_task(discovery.run(), name="upstream-discovery")]
+        if len(clients) > 1:
+            pool.on_up = fallback_discovery(section.model)
+            for client, up in zip(clients[1:], reachable[1:], strict=True):
+                if up:
+                    await pool.on_up(client)
+            log.info("upstreams in order: %s; health checked every %.0f ms",
+                     ", ".join(c.shown_url for c in clients), section.health_interval_s * 1000)  # fmt: skip
+            if pool.client is not upstream:
+                await discovery.follow(pool.client)  # the primary is down: the fallback serves, as it is
+            tasks.append(asyncio.create_task(pool.watch(section.health_interval_s), name="upstream-health"))
+            tasks.append(asyncio.create_task(follow_serving(pool, discovery), name="upstream-follow"))
+        try:
+            yield core
+        finally:
+            await core.service.close(0)  # its tasks use the session: they end before it closes
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def fallback_discovery(model: str | None) -> Callable[[UpstreamClient], Awaitable[None]]:
+    """What a fallback upstream says when it is (again) up: the model it serves (its context, slots and
+    tokenizer are taken when it serves: `Discovery.follow`)."""
+
+    async def discover_fallback(client: UpstreamClient) -> None:
+        found = await discover(client)
+        if model is None and found.model is not None:
+            client.model = found.model
+        log.info("fallback upstream %s: %s", client.shown_url, found.describe())
+
+    return discover_fallback
+
+
+async def follow_serving(pool: Upstreams, discovery: Discovery) -> None:
+    """For the core's lifetime: whenever another upstream starts serving, the proxy follows it."""
+    followed = [pool.client]
+    while True:
+        try:
+            await pool.changes.wait_for(lambda: pool.client is not followed[-1], timeout_s=3600)
+        except TimeoutError:
+            continue
+        current = pool.client
+        followed[-1:] = [current]
+        try:
+            await discovery.follow(current)
+        except UpstreamError as exc:  # it went down again meanwhile: the next change says who serves
+            log.info("upstream %s: %s", current.shown_url, exc.type)

@@ -24,9 +24,9 @@ from mellum_proxy.budget import CharsEstimator, ContextBudget, UpstreamTokenizer
 from mellum_proxy.budget.local import build_aside, find_local, needs_building, served_model_path
 from mellum_proxy.budget.templates import PREFIX_ONLY, template_the_model_knows
 from mellum_proxy.budget.tokenizers import CountingTokenizer, TokenCounter, Tokenize, upstream_counter
-from mellum_proxy.completion import Policies
 from mellum_proxy.errors import UpstreamError
 from mellum_proxy.models import NormalizedRequest
+from mellum_proxy.serving import Policies
 from mellum_proxy.upstream import UpstreamClient
 from mellum_proxy.upstream.kinds import Found, discover
 

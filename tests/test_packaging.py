@@ -29,7 +29,8 @@ def test_the_wheel_installs_only_mellum_proxy_at_top_level(tmp_path: Path) -> No
     assert top == {"mellum_proxy"}
     # what the commands need at run time travels with it: the bench's traces and code, the page, the templates
     shipped_data = ("bench/traces/json-crdt-blog-post.json.gz", "bench/code/inventory.py", "ui/index.html",
-                    "planner/configs/mellum-4b-base/config.json", "editor/templates/continue.yaml")  # fmt: skip
+                    "planner/configs/mellum-4b-base/config.json", "editor/templates/continue.yaml",
+                    "bench/doubles/profiles.json")  # fmt: skip
     for shipped in (f"mellum_proxy/{path}" for path in shipped_data):
         assert shipped in names
     entry_points = next(name for name in names if name.endswith(".dist-info/entry_points.txt"))

@@ -4,7 +4,7 @@ Each `Dialect` parses its bodies into a `NormalizedRequest`, encodes the answer 
 renders errors its own way, and answers its plugins' discovery calls.
 """
 
-from mellum_proxy.dialects.base import CompletionRoute, Dialect, Discovery, DiscoveryRoute, Encoder
+from mellum_proxy.dialects.base import CompletionRoute, Dialect, DiscoveryRoute, Encoder, ServedModels
 from mellum_proxy.dialects.llamacpp import LLAMACPP
 from mellum_proxy.dialects.ollama import OLLAMA
 from mellum_proxy.dialects.openai import OPENAI
@@ -20,7 +20,7 @@ __all__ = [
     "REGISTRY",
     "CompletionRoute",
     "Dialect",
-    "Discovery",
     "DiscoveryRoute",
     "Encoder",
+    "ServedModels",
 ]

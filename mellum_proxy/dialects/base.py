@@ -44,8 +44,9 @@ def session_key(headers: Mapping[str, str], user: str | None = None) -> str:
     return f"default/{agent[:64]}" if agent else "default"
 
 
-class Discovery(Protocol):
-    """What discovery answers may ask of the proxy: the upstream's models and the budget."""
+class ServedModels(Protocol):
+    """What a plugin's discovery calls (`/api/tags`, `/api/show`) may ask of the proxy: the models it serves and
+    the context a request gets (not `mellum_proxy.discovery.Discovery`, which finds them out)."""
 
     max_context_tokens: int
 
@@ -67,7 +68,7 @@ class DiscoveryRoute:
 
     method: str
     path: str
-    answer: Callable[[Discovery, Any], Awaitable[Any]]  # (discovery, parsed body or None) -> JSON
+    answer: Callable[[ServedModels, Any], Awaitable[Any]]  # (discovery, parsed body or None) -> JSON
 
 
 @dataclass(frozen=True, slots=True)

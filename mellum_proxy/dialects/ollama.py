@@ -20,10 +20,10 @@ import orjson
 from mellum_proxy.dialects.base import (
     CompletionRoute,
     Dialect,
-    Discovery,
     DiscoveryRoute,
     Encoder,
     FieldReader,
+    ServedModels,
     finish_reason,
     header,
     require_object,
@@ -116,11 +116,11 @@ def show(name: str, max_context_tokens: int) -> dict[str, Any]:
     }
 
 
-async def _tags(discovery: Discovery, body: Any) -> dict[str, Any]:
+async def _tags(discovery: ServedModels, body: Any) -> dict[str, Any]:
     return tags(await discovery.model_ids())
 
 
-async def _show(discovery: Discovery, body: Any) -> dict[str, Any]:
+async def _show(discovery: ServedModels, body: Any) -> dict[str, Any]:
     name = body.get("model") or body.get("name") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name:
         raise InvalidRequestError("'model' (or 'name') is required")
@@ -131,7 +131,7 @@ async def _show(discovery: Discovery, body: Any) -> dict[str, Any]:
     return show(name if name in ids else (ids[0] if ids else name), discovery.max_context_tokens)
 
 
-async def _version(discovery: Discovery, body: Any) -> dict[str, Any]:
+async def _version(discovery: ServedModels, body: Any) -> dict[str, Any]:
     return {"version": OLLAMA_VERSION}
 
 

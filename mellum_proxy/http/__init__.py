@@ -1,6 +1,6 @@
 """The HTTP edge: the aiohttp app, its routes and error middleware, and the server runner.
 
-It adapts the HTTP-free completion core (`mellum_proxy.completion`) to the wire; nothing below it
+It adapts the HTTP-free completion core (`mellum_proxy.serving.service`) to the wire; nothing below it
 imports `aiohttp.web`.
 """
 

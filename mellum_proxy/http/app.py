@@ -38,6 +38,7 @@ def build_app(settings: Settings) -> web.Application:
         app.cleanup_ctx.append(lifecycle.embedded_upstream)
     app.cleanup_ctx.append(lifecycle.telemetry)  # before the upstream: torn down after it, so the log flushes last
     app.cleanup_ctx.append(lifecycle.upstream_client)
+    app.on_shutdown.append(lifecycle.grace)  # one shutdown path: `serve`, `serve_app` and the tests take it
     app.on_response_prepare.append(_add_request_id)
     add_routes(app)
     add_page_routes(app)

@@ -7,13 +7,13 @@ from typing import Any
 
 from aiohttp import web
 
-from mellum_proxy.completion import CompletionService, Policies
 from mellum_proxy.config import Settings
 from mellum_proxy.dialects import Dialect
 from mellum_proxy.dialects.base import CompletionRoute
 from mellum_proxy.discovery import Discovery
 from mellum_proxy.http.connections import ConnectionGuard
 from mellum_proxy.sections import Sections
+from mellum_proxy.serving import CompletionService, Policies
 from mellum_proxy.telemetry import RecentRecords, Telemetry
 from mellum_proxy.upstream import UpstreamClient
 from mellum_proxy.upstream.embedded import EmbeddedServer

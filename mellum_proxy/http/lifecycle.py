@@ -10,16 +10,12 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import aiohttp
 from aiohttp import web
 
-from mellum_proxy.assembly import build_core, build_counter, upstream_clients
-from mellum_proxy.completion import Policies
-from mellum_proxy.discovery import Discovery
-from mellum_proxy.errors import UpstreamError
+from mellum_proxy.assembly import Core, open_core
 from mellum_proxy.http.keys import (
     BOOTED,
     EMBEDDED,
@@ -33,13 +29,12 @@ from mellum_proxy.http.keys import (
     UPSTREAM,
     UPSTREAMS,
 )
-from mellum_proxy.sections import TelemetrySection, UpstreamSection
+from mellum_proxy.sections import TelemetrySection
+from mellum_proxy.serving import Policies
 from mellum_proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetrics, Telemetry
 from mellum_proxy.telemetry.deadline_watch import DeadlineWatch
-from mellum_proxy.upstream import UpstreamClient
 from mellum_proxy.upstream.embedded import EmbeddedServer, packaged_model
-from mellum_proxy.upstream.failover import Upstreams, failover_answer_s
-from mellum_proxy.upstream.kinds import discover
+from mellum_proxy.upstream.failover import Upstreams
 
 log = logging.getLogger("mellum_proxy")
 
@@ -58,6 +53,14 @@ async def embedded_upstream(app: web.Application) -> AsyncIterator[None]:
     app[EMBEDDED] = server
     yield
     await asyncio.to_thread(server.stop)
+
+
+async def grace(app: web.Application) -> None:
+    """aiohttp's shutdown step (after the listening stops, before the handlers are drained and the cleanup
+    contexts run), for `serve` and `serve_app` alike: the requests in flight get the grace period, then each is
+    answered with what it has and its dialect's final event."""
+    if SERVICE in app:
+        await app[SERVICE].close(app[SECTIONS].listen.shutdown_grace_s)
 
 
 def gpu_opener(section: TelemetrySection, pid: int | None) -> Callable[[], NvmlBackend]:
@@ -99,63 +102,20 @@ async def telemetry(app: web.Application) -> AsyncIterator[None]:
 
 
 async def upstream_client(app: web.Application) -> AsyncIterator[None]:
-    """The upstream session, and the completion core built on it (`mellum_proxy.assembly`)."""
-    sections = app[SECTIONS]
-    section = sections.upstream
-    urls = upstream_urls(section, app[EMBEDDED].url if EMBEDDED in app else None)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=section.connect_timeout_s)
-    connector = aiohttp.TCPConnector(limit=0)  # concurrency is the policies' job, not the pool's
-    headers = dict(section.headers)  # on every upstream request, pass-through too
-    if section.api_key:
-        headers["Authorization"] = f"Bearer {section.api_key}"
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers or None) as session:
-        clients = upstream_clients(session, urls, section)
-        upstream = clients[0]  # the primary: what discovery asks; the others are its fallbacks
-        upstream.native_ollama = section.kind == "ollama"
-        app[UPSTREAM] = upstream
-        answer_s = failover_answer_s(sections.policies.timeout_s, section.answer_timeout_s)
-        pool = app[UPSTREAMS] = Upstreams(clients, answer_s, section.health_interval_s)
-        telemetry = app[TELEMETRY]
-        reachable = await asyncio.gather(*(client.reachable() for client in clients))
-        for member, up in zip(pool.members, reachable, strict=True):
-            member.up = up or len(clients) == 1
-            member.last_error = None if member.up else "not reachable at start"
-        found = await discover(upstream, section.kind) if reachable[0] else None
-        slots = found.slots if found is not None and sections.policies.max_concurrency == 0 else None
-        counter = await build_counter(sections.budget, pool, upstream.model)
-        embedded_first = EMBEDDED in app and urls[0] == app[EMBEDDED].url
-        model = (app[EMBEDDED].model or packaged_model()) if embedded_first else None
-        core = build_core(sections, pool, upstream, counter, telemetry, slots, model, tokenize=pool)
-        policies, discovery = app[POLICIES], app[PROBES] = core.policies, core.discovery
-        app[SERVICE] = core.service
-        telemetry.metrics = metrics(telemetry, policies, pool)
-        if found is not None:
-            discovery.apply(found)
-        if core.budget.settings.template is None:
-            log.warning("fim_template=none sends the text after the cursor as `suffix`: vLLM and llama.cpp "
-                        "builds that list it as unsupported answer 400; prefer the model's template")  # fmt: skip
-        discovery.on_ready = lambda: log.info("%s", ready_block(app))
-        if reachable[0]:
-            await discovery.prepare()  # decided (and the embedded server warm) before the first request can come
-        tasks = [asyncio.create_task(discovery.run(), name="upstream-discovery")]
-        if len(clients) > 1:
-            pool.on_up = fallback_discovery(section.model)
-            for client, up in zip(clients[1:], reachable[1:], strict=True):
-                if up:
-                    await pool.on_up(client)
-            log.info("upstreams in order: %s; health checked every %.0f ms",
-                     ", ".join(c.shown_url for c in clients), section.health_interval_s * 1000)  # fmt: skip
-            if pool.client is not upstream:
-                await discovery.follow(pool.client)  # the primary is down: the fallback serves, as it is
-            tasks.append(asyncio.create_task(pool.watch(section.health_interval_s), name="upstream-health"))
-            tasks.append(asyncio.create_task(follow_serving(pool, discovery), name="upstream-follow"))
-        try:
-            yield
-        finally:
-            await core.service.close(0)  # its tasks use the session: they end before it closes
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+    """The completion core on its upstreams (`mellum_proxy.assembly.open_core`), filed where the routes read it."""
+    telemetry = app[TELEMETRY]
+    embedded = app.get(EMBEDDED)
+
+    def file(core: Core) -> None:
+        assert core.pool is not None
+        app[UPSTREAM], app[UPSTREAMS] = core.pool.primary, core.pool
+        app[POLICIES], app[PROBES], app[SERVICE] = core.policies, core.discovery, core.service
+        telemetry.metrics = metrics(telemetry, core.policies, core.pool)
+
+    url = embedded.url if embedded is not None else None
+    model = (embedded.model or packaged_model()) if embedded is not None else None
+    async with open_core(app[SECTIONS], telemetry, url, model, file, lambda: log.info("%s", ready_block(app))):
+        yield
 
 
 def metrics(telemetry: Telemetry, policies: Policies, pool: Upstreams) -> ProxyMetrics:
@@ -200,41 +160,3 @@ def ready_block(app: web.Application) -> str:
         f"dispatch {policies.dispatch}",
         f"  {gpu_line}",
     ])  # fmt: skip
-
-
-def upstream_urls(section: UpstreamSection, embedded_url: str | None) -> list[str]:
-    """The upstreams in order: the embedded server alone, or after the `upstream`s the user set."""
-    if embedded_url is None:
-        return list(section.urls)
-    if not section.urls_set:
-        return [embedded_url]
-    return [*section.urls, embedded_url]
-
-
-def fallback_discovery(model: str | None) -> Callable[[UpstreamClient], Awaitable[None]]:
-    """What a fallback upstream says when it is (again) up: the model it serves (its context, slots and
-    tokenizer are taken when it serves: `Discovery.follow`)."""
-
-    async def discover_fallback(client: UpstreamClient) -> None:
-        found = await discover(client)
-        if model is None and found.model is not None:
-            client.model = found.model
-        log.info("fallback upstream %s: %s", client.shown_url, found.describe())
-
-    return discover_fallback
-
-
-async def follow_serving(pool: Upstreams, discovery: Discovery) -> None:
-    """For the app's lifetime: whenever another upstream starts serving, the proxy follows it."""
-    followed = [pool.client]
-    while True:
-        try:
-            await pool.changes.wait_for(lambda: pool.client is not followed[-1], timeout_s=3600)
-        except TimeoutError:
-            continue
-        current = pool.client
-        followed[-1:] = [current]
-        try:
-            await discovery.follow(current)
-        except UpstreamError as exc:  # it went down again meanwhile: the next change says who serves
-            log.info("upstream %s: %s", current.shown_url, exc.type)

@@ -23,7 +23,7 @@ from aiohttp import web
 from mellum_proxy.config import Settings
 from mellum_proxy.http.app import build_app
 from mellum_proxy.http.connections import ConnectionGuard
-from mellum_proxy.http.keys import CONNECTIONS, SERVICE, UPSTREAMS
+from mellum_proxy.http.keys import CONNECTIONS, UPSTREAMS
 
 ACCEPT_AFTER_STOP_S = 0.2  # requests sent just before the signal still arrive in this window
 LEFTOVER_S = 1.0  # after the completions are answered: for anything else still open (a pass-through stream)
@@ -76,8 +76,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await stop.wait()
         print("mellum-proxy: shutting down", flush=True)
         await asyncio.sleep(ACCEPT_AFTER_STOP_S)
-        listener.close()  # no new connection from here on
-        await app[SERVICE].close(settings.shutdown_timeout_s)
+        listener.close()  # no new connection from here on; the grace is the runner's shutdown step
     finally:
         await runner.cleanup()
         for signum in (signal.SIGINT, signal.SIGTERM):

@@ -27,6 +27,7 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.upstream import UpstreamClient
 from mellum_proxy.upstream.kinds import discover
 
@@ -40,19 +41,10 @@ BUSY_GAUGES = ("llamacpp:requests_processing", "llamacpp:requests_deferred", "vl
                "vllm:num_requests_waiting")  # fmt: skip
 
 
-@dataclass
-class Profile:
-    """What `bench lab --profile` reads (the simulator's `SimProfile` fields), and what was measured."""
+@dataclass(frozen=True, slots=True)
+class Profile(ServerProfile):
+    """A `ServerProfile` (what `bench lab --profile` reads) and what was measured to make it."""
 
-    name: str
-    prefill_tps: float
-    decode_tps: float
-    slots: int
-    kv_tokens: int
-    chars_per_token: float
-    batch_penalty: float
-    overhead_ms: float
-    source: str
     fit_intercept_ms: float = 0.0  # the cold times' intercept: the overhead plus what the fit could not place
     kind: str | None = None
     model: str | None = None

@@ -1,8 +1,10 @@
-"""Completion policies: what protects the model server from an editor's request storm.
+"""Completion policies, the guards below the flight: what protects the model server from an editor's request
+storm, knowing nothing of flights, reuse or text.
 
-Each module owns one rule: `debounce` (hold, and drop what a newer request replaces),
-`supersede` (at most N admitted per session; the oldest is cancelled), `admission` (global
-upstream concurrency with a bounded FIFO queue) and `deadline` (first-token and total deadlines).
+Each module owns one rule: `dispatch` (how long to hold a request), `debounce` (hold, and drop what a newer
+request replaces), `supersede` (at most N admitted per session; the oldest is cancelled), `admission` (global
+upstream concurrency with a bounded FIFO queue) and `deadline` (first-token and total deadlines). What uses
+them is the serving room (`mellum_proxy.serving`); text shaping is `mellum_proxy.shaping`.
 """
 
 from mellum_proxy.policies.admission import AdmissionQueue, Lease, QueueFullError

@@ -34,7 +34,7 @@ class _Waiter:
 
 class Lease:
     """One held upstream slot. It may outlive the request that took it: a cancelled upstream request
-    keeps its slot until the server has really let it go (see `mellum_proxy.completion`)."""
+    keeps its slot until the server has really let it go (see `mellum_proxy.serving.service`)."""
 
     __slots__ = ("_queue",)
 

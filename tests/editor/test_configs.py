@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import plistlib
 import shutil
@@ -33,13 +34,20 @@ def test_shipped_config_equals_its_template_with_defaults(name: str) -> None:
     assert (CONFIG_DIR / CONFIGS[name]).read_text() == render(name, Settings())
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_the_shipped_embedded_config_fits_make_run(name: str) -> None:
-    """`editor-configs/embedded/` is what `make run` (`serve --embedded`) needs: its longer deadline and shorter
-    completions, not the defaults for a GPU server."""
-    embedded = Settings(embedded=True)
-    assert (CONFIG_DIR / "embedded" / CONFIGS[name]).read_text() == render(name, embedded)
-    assert (embedded.timeout_ms, embedded.max_tokens) == (3000, 48)
+def test_the_docs_show_the_config_that_fits_make_run() -> None:
+    """Each plugin's page renders what `make run` (`serve --embedded`) needs: its longer deadline and shorter
+    completions, not the defaults for a GPU server (docs/hooks/editor_configs.py, at build time)."""
+    spec = importlib.util.spec_from_file_location("editor_configs", ROOT / "docs" / "hooks" / "editor_configs.py")
+    assert spec and spec.loader
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    marked = {page.stem: page.read_text() for page in (ROOT / "docs" / "editors").glob("*.md")
+              if "<!-- editor-config" in page.read_text()}  # fmt: skip
+    assert len(marked) == len(CONFIGS)
+    minuet = hook.render_page(marked["minuet"])
+    assert "request_timeout = 3.5" in minuet and "max_tokens = 48" in minuet and "<!--" not in minuet
+    with pytest.raises(hook.UnknownPlugin):
+        hook.render_page("    <!-- editor-config emacs embedded lisp -->")
 
 
 def test_editor_config_takes_serves_flags(capsys: pytest.CaptureFixture[str]) -> None:

@@ -170,8 +170,8 @@ async def test_a_request_error_is_not_failed_over(make_proxy: ProxyFactory, fake
 
 
 async def test_embedded_after_the_upstreams_is_the_last_fallback(tmp_path: Any) -> None:
+    from mellum_proxy.assembly import upstream_urls
     from mellum_proxy.config import Settings
-    from mellum_proxy.http.lifecycle import upstream_urls
     from mellum_proxy.sections import sections
 
     assert upstream_urls(sections(Settings(embedded=True)).upstream, "http://127.0.0.1:5555") == [

@@ -13,65 +13,27 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Callable
+from importlib.resources import files
 from pathlib import Path
 
 import orjson
 from aiohttp import web
 
 from mellum_proxy.bench.doubles.responder import Responder, answering, routes
-from mellum_proxy.bench.doubles.sim_engine import SimEngine, SimProfile, SimRefused
+from mellum_proxy.bench.doubles.sim_engine import SimEngine, SimRefused
+from mellum_proxy.planner.server_profile import ServerProfile
 
-__all__ = ["PROFILES", "SimProfile", "SimServer", "junk_text", "profile"]
+__all__ = ["PROFILES", "ServerProfile", "SimServer", "junk_text", "profile"]
 
-PROFILES = {
-    "embedded-cpu": SimProfile(
-        "embedded-cpu", prefill_tps=350, decode_tps=60, slots=2, kv_tokens=4096, chars_per_token=3.3,
-        batch_penalty=0.9, overhead_ms=8,
-        source="calibrated against the embedded llama.cpp server on this project's 2-core machine (gemma-3-270m "
-               "Q4_K_M, 2 slots): docs/measurements/runs/calibration",
-    ),
-    "gpu": SimProfile(
-        "gpu", prefill_tps=15_000, decode_tps=150, slots=4, kv_tokens=1 << 16, chars_per_token=3.3,
-        batch_penalty=0.05, overhead_ms=5,
-        source="GPU-like, derived (not measured): Mellum-4b Q8_0 on an RTX 4090 class card. Prefill from "
-               "llama.cpp's published RTX 4090 figure for llama 8B Q4_0 (pp512 10,359 t/s, ggml-org/llama.cpp "
-               "PR #7676) scaled to 4B parameters; decode from 1 TB/s over 4.3 GB of weights at ~65 % efficiency",
-    ),
-    "mac-m4": SimProfile(
-        "mac-m4", prefill_tps=450, decode_tps=24, slots=1, kv_tokens=8192, chars_per_token=3.3,
-        batch_penalty=0.9, overhead_ms=10,
-        source="Apple-silicon-like, derived (not measured): Mellum-4b Q8_0 on a base M4 (Mac mini, 120 GB/s). From a "
-               "published llama.cpp Metal run of llama 3.1 8B Q4_K_M on a Mac mini M4 (pp512 224.81 t/s, tg128 20.87 "
-               "t/s, brand-o/normiebench issue #3): prefill scaled by parameters (8B -> 4B), decode by weight bytes "
-               "(4.9 -> 4.3 GB); one slot, as on a laptop",
-    ),
-    "h100": SimProfile(
-        "h100", prefill_tps=12_400, decode_tps=119, slots=4, kv_tokens=1 << 16, chars_per_token=3.3,
-        batch_penalty=0.05, overhead_ms=5,
-        source="H100-like, derived (not measured): Mellum-4b Q8_0 on an H100 PCIe 80GB under llama.cpp. From the "
-               "published llama.cpp runs in XiongjieDai/GPU-Benchmarks-on-LLM-Inference (README, Dec 2023 "
-               "snapshot): llama 7B F16 prompt 7,367 t/s scaled by parameters (6.74B -> 4B), llama 7B Q4_0 "
-               "generation 133.77 t/s scaled by weight bytes (3.82 -> 4.3 GB). The same table gives the RTX 4090 "
-               "7,349 and 149.37: under llama.cpp an H100 is not faster per request than a 4090",
-    ),
-    "laptop-m3": SimProfile(
-        "laptop-m3", prefill_tps=311, decode_tps=18.8, slots=1, kv_tokens=8192, chars_per_token=3.3,
-        batch_penalty=0.9, overhead_ms=10,
-        source="laptop-GPU-like, derived (not measured): Mellum-4b Q8_0 on a 14-inch MacBook Pro M3 (10-core GPU). "
-               "From the published llama.cpp run in XiongjieDai/GPU-Benchmarks-on-LLM-Inference (README, llama 2 7B "
-               "Q4_0: prompt 184.51 t/s, generation 20.79 t/s): prefill scaled by parameters (6.74B -> 4B), decode "
-               "by weight bytes (3.89 -> 4.3 GB); one slot",
-    ),
-    "fast": SimProfile(
-        "fast", prefill_tps=50_000, decode_tps=2_000, slots=2, kv_tokens=1 << 20, chars_per_token=3.3,
-        batch_penalty=0.0, source="synthetic: fast enough for tests, same shape",
-    ),
-}  # fmt: skip
+# The lab's servers, in the format `mellum-proxy profile --out` writes: one calibrated against the embedded
+# server, four derived from published llama.cpp runs (each `source` says which), and a fast one for tests.
+PROFILES = {name: ServerProfile(**fields) for name, fields in orjson.loads(
+    files("mellum_proxy.bench.doubles").joinpath("profiles.json").read_bytes()).items()}  # fmt: skip
 
 Writer = Callable[[str, str], str]  # (prompt, suffix) -> what the model writes
 
 
-def profile(name: str) -> SimProfile:
+def profile(name: str) -> ServerProfile:
     """A named profile, or one measured by `mellum-proxy profile` (a path to its JSON).
 
     Raises:
@@ -83,7 +45,7 @@ def profile(name: str) -> SimProfile:
         raise ValueError(f"unknown sim profile '{name}' (known: {', '.join(PROFILES)}, or a profile.json)")
     try:
         data = orjson.loads(Path(name).read_bytes())
-        return SimProfile(**{key: data[key] for key in SimProfile.__dataclass_fields__ if key in data})
+        return ServerProfile(**{key: data[key] for key in ServerProfile.__dataclass_fields__ if key in data})
     except (OSError, orjson.JSONDecodeError, TypeError) as exc:
         raise ValueError(f"{name}: not a profile written by `mellum-proxy profile` ({exc})") from exc
 
@@ -95,7 +57,7 @@ def junk_text(prompt: str, suffix: str = "") -> str:
 
 
 class SimServer:
-    def __init__(self, spec: SimProfile, writer: Writer = junk_text) -> None:
+    def __init__(self, spec: ServerProfile, writer: Writer = junk_text) -> None:
         self.spec = spec
         self.engine = SimEngine(spec)
         self.writer = writer

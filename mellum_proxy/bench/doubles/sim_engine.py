@@ -31,19 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from mellum_proxy.observe import Changes
-
-
-@dataclass(frozen=True, slots=True)
-class SimProfile:
-    name: str
-    prefill_tps: float
-    decode_tps: float
-    slots: int
-    kv_tokens: int
-    chars_per_token: float
-    batch_penalty: float
-    source: str
-    overhead_ms: float = 0.0  # per request, before prefill (HTTP parse, tokenize, sampler set-up)
+from mellum_proxy.planner.server_profile import ServerProfile
 
 
 class SimRefused(Exception):
@@ -107,7 +95,7 @@ class _Slot:
 
 
 class SimEngine:
-    def __init__(self, spec: SimProfile) -> None:
+    def __init__(self, spec: ServerProfile) -> None:
         self.spec = spec
         self._slots = [_Slot() for _ in range(spec.slots)]
         self._queue: list[SimTask] = []

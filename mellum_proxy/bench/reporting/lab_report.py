@@ -9,15 +9,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mellum_proxy.bench.doubles.sim_engine import SimProfile
 from mellum_proxy.bench.reporting.results import LabResult
 from mellum_proxy.bench.workloads.editor import no_foresight_floor
+from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.telemetry.stats import percentile
 
 
 def summarize(
     runs: Sequence[LabResult],
-    specs: Sequence[SimProfile],
+    specs: Sequence[ServerProfile],
     accuracy: float,
     max_tokens: int,
     limit_events: int,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mellum_proxy.bench.doubles.sim import SimProfile, profile
+from mellum_proxy.bench.doubles.sim import profile
 from mellum_proxy.bench.reporting.writing import command, write_report
 from mellum_proxy.bench.runners.lab import run_lab
 from mellum_proxy.bench.runners.policy import Policy
@@ -28,6 +28,7 @@ from mellum_proxy.bench.runners.upstreams import upstream_for
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.trace import Event, TraceError, limited
 from mellum_proxy.console import POSITIVE, SHARE, fail
+from mellum_proxy.planner.server_profile import ServerProfile
 
 
 def add_commands(commands: Any) -> None:
@@ -74,7 +75,7 @@ POLICIES: tuple[tuple[str, dict[str, Any] | None], ...] = (("direct", None), ("d
 
 async def measure(
     events: Sequence[Event], trace: str, url: str, described: str, max_tokens: int, accuracy: float,
-    progress: Callable[[str], None] = print, spec: SimProfile | None = None, runs: int = 1,
+    progress: Callable[[str], None] = print, spec: ServerProfile | None = None, runs: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
     """Each policy `runs` times on the real server (taking turns) and once in the lab; per metric the real
     runs' values, their median, and the lab's."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from mellum_proxy.assembly import budget_settings, build_policies
 from mellum_proxy.bench.doubles.sim import profile
-from mellum_proxy.bench.doubles.sim_engine import SimEngine, SimProfile, SimRefused
+from mellum_proxy.bench.doubles.sim_engine import SimEngine, SimRefused
 from mellum_proxy.bench.reporting import lab_report
 from mellum_proxy.bench.reporting.results import LabResult, Seen
 from mellum_proxy.bench.reporting.writing import command, write_report
@@ -38,12 +38,13 @@ from mellum_proxy.bench.workloads.synth import TYPISTS, synthesize
 from mellum_proxy.bench.workloads.trace import Event, Trace, TraceError, limited, next_typed
 from mellum_proxy.budget import CharsEstimator, ContextBudget
 from mellum_proxy.budget.templates import MELLUM, FimParts
-from mellum_proxy.completion import CompletionService
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE, SHARE, fail
 from mellum_proxy.errors import ProxyError, UpstreamStatusError
 from mellum_proxy.models import Batches, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
+from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.sections import sections
+from mellum_proxy.serving import CompletionService
 from mellum_proxy.telemetry import RecentRecords, Telemetry
 
 JUNK = "\u00a4" * 1024
@@ -271,7 +272,7 @@ class LabEditor:
 async def _replay(
     policy: Policy,
     events: Sequence[Event],
-    spec: SimProfile,
+    spec: ServerProfile,
     writer: Writer,
     max_gap_ms: float,
     max_tokens: int,
@@ -300,7 +301,7 @@ async def _replay(
 
 
 def run_lab(
-    policy: Policy, events: Sequence[Event], spec: SimProfile, trace_name: str, accuracy: float = 0.3,
+    policy: Policy, events: Sequence[Event], spec: ServerProfile, trace_name: str, accuracy: float = 0.3,
     pause_ms: float = 300, max_gap_ms: float = MAX_GAP_MS, max_tokens: int = 16, seed: int = 0,
 ) -> LabResult:  # fmt: skip
     """One policy over one trace on one simulated server, in virtual time."""

@@ -12,9 +12,9 @@ import os
 import time
 
 from mellum_proxy.bench.runners.processes import rss_mib
-from mellum_proxy.flight import Flight
 from mellum_proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest
-from mellum_proxy.policies.reuse import ENTRIES_PER_SESSION, MAX_SESSIONS, ReuseCache
+from mellum_proxy.serving.flight import Flight
+from mellum_proxy.serving.reuse import ENTRIES_PER_SESSION, MAX_SESSIONS, ReuseCache
 
 LINE = "значение = вычислить(1)  # 😀\n"  # outside Latin-1, and outside the BMP: 4 bytes a character
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from mellum_proxy.bench.doubles.sim import SimProfile, profile
+from mellum_proxy.bench.doubles.sim import profile
 from mellum_proxy.bench.reporting import lab_report
 from mellum_proxy.bench.reporting.lab_report import meets_targets, requests_floor
 from mellum_proxy.bench.reporting.results import LabResult
@@ -36,6 +36,7 @@ from mellum_proxy.bench.workloads.convert import from_recording, load_trace
 from mellum_proxy.bench.workloads.trace import Event, Trace, TraceError, limited
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE, fail
+from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.telemetry.stats import log_to_read
 
 ACCURACIES = (0.0, 0.3)
@@ -109,7 +110,7 @@ def config_toml(settings: dict[str, Any]) -> str:
 
 
 def tune(
-    typing: Sequence[tuple[str, list[Event]]], spec: SimProfile, max_tokens: int = 16,
+    typing: Sequence[tuple[str, list[Event]]], spec: ServerProfile, max_tokens: int = 16,
     policies: Sequence[Policy] | None = None, progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:  # fmt: skip
     """Every candidate over every trace at both accuracies; the choice and the runs."""
@@ -129,7 +130,7 @@ def tune(
 
 
 def _frontier(
-    runs: Sequence[LabResult], spec: SimProfile, max_tokens: int, gaps: dict[str, list[float]]
+    runs: Sequence[LabResult], spec: ServerProfile, max_tokens: int, gaps: dict[str, list[float]]
 ) -> dict[str, Any]:
     """The lab's frontier summary with one panel per accuracy (what `lab_report.plot` draws)."""
     panels: dict[str, Any] = {"profiles": {}, "means": {}, "frontier": {}, "bound": {}}

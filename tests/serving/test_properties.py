@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mellum_proxy.budget import BudgetSettings, CharsEstimator, ContextBudget
-from mellum_proxy.completion import CompletionService, Policies
 from mellum_proxy.models import NormalizedRequest, Outcome
 from mellum_proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
-from mellum_proxy.policies.reuse import ReuseCache
+from mellum_proxy.serving import CompletionService, Policies
+from mellum_proxy.serving.reuse import ReuseCache
 from mellum_proxy.telemetry import RecentRecords, Telemetry
 from tests.fakes import MemoryUpstream, RecordingAnswer
 from tests.virtual_time import run_virtual

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from mellum_proxy.models import Chunk
-from mellum_proxy.policies.cleanup import Cleaner
+from mellum_proxy.shaping.cleanup import Cleaner
 
 
 def clean(prefix: str, suffix: str | None, text: str, step: int = 0) -> tuple[str, str | None]:

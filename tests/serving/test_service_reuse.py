@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Callable
 
 from mellum_proxy.budget import BudgetSettings, CharsEstimator, ContextBudget
-from mellum_proxy.completion import CompletionService, Policies
 from mellum_proxy.models import Batches, BudgetedPrompt, Chunk, NormalizedRequest, Outcome
 from mellum_proxy.observe import Changes
 from mellum_proxy.policies import AdmissionQueue, Debouncer, Supersede
-from mellum_proxy.policies.reuse import ReuseCache
+from mellum_proxy.serving import CompletionService, Policies
+from mellum_proxy.serving.reuse import ReuseCache
 from mellum_proxy.telemetry import RecentRecords, Telemetry
 from tests.fakes import RecordingAnswer
 from tests.virtual_time import run_virtual
@@ -133,7 +133,7 @@ def test_a_timed_out_request_finishes_its_prefill_only_while_no_one_waits() -> N
 
 
 def test_an_answer_is_cut_at_the_cap_even_when_one_read_brings_many_chunks() -> None:
-    from mellum_proxy.flight import MAX_FLIGHT_BYTES
+    from mellum_proxy.serving.flight import MAX_FLIGHT_BYTES
 
     class Flood:
         """A server that ignores max_tokens and sends 20 chunks of 64 KiB in each network read."""

@@ -7,23 +7,24 @@ so that it can outlive the client request that started it:
   waits for the slot, so the next keystroke finds a warm prompt cache (`keep_prefill`).
 
 `Flights` owns these tasks (the producers, the watchers of kept prefills, the slot releases) and closes
-them; the completion service (`mellum_proxy.completion`) starts flights and relays them to its clients.
+them; the completion service (`mellum_proxy.serving.service`) starts flights and relays them to its clients.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from mellum_proxy.budget import ContextBudget
 from mellum_proxy.clock import Clock
 from mellum_proxy.errors import ProxyError, UpstreamStatusError
 from mellum_proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest
 from mellum_proxy.policies import AdmissionQueue, Lease
+from mellum_proxy.upstream.capabilities import CompletionSource, SaysWhatItHolds, SaysWhoServed
 from mellum_proxy.upstream.errors import context_overflow
 
 MAX_FLIGHT_BYTES = 1 << 20  # an upstream answer larger than this (128 tokens are ~1 KB) is cut
@@ -31,34 +32,6 @@ KEEP_PREFILL_MAX_S = 2.0  # the longest a timed-out request may go on to finish 
 TAKEOVER_GRACE_S = 0.05  # how long an abandoned stream waits for a newer keystroke to take it over
 LET_GO_TIMEOUT_S = 10.0  # the longest a cancelled request keeps its slot waiting for the server
 TTFT_WEIGHT = 0.2  # of the newest first-token time, in the running estimate of the server's prefill
-
-
-class CompletionSource(Protocol):
-    """The one thing the service needs from a model server (`UpstreamClient`, `Upstreams` in production).
-
-    It yields the completion in batches: the chunks that arrived together (one network read).
-    """
-
-    def stream_completion(
-        self, request: NormalizedRequest, prompt: BudgetedPrompt
-    ) -> AsyncGenerator[Sequence[Chunk], None]: ...
-
-
-@runtime_checkable
-class SaysWhatItHolds(Protocol):
-    """A server that can say how many requests it still holds (llama.cpp's `/metrics` or `/slots`)."""
-
-    async def let_go(self, accept: Callable[[int], bool], timeout_s: float) -> bool:
-        """Wait until `accept(requests the server holds)` is true; True if the server said so (False: it
-        cannot tell)."""
-        ...
-
-
-@runtime_checkable
-class SaysWhoServed(Protocol):
-    """Several servers behind one source (`Upstreams`): which one answered a request."""
-
-    def served_by(self, request_id: str) -> str | None: ...
 
 
 @dataclass(eq=False, slots=True)

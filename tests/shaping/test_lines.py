@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mellum_proxy.models import Chunk
-from mellum_proxy.policies.lines import LineGate, complete_lines
+from mellum_proxy.shaping.lines import LineGate, complete_lines
 
 
 def shown(gate: LineGate, *pieces: str) -> str:

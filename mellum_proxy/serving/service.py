@@ -6,7 +6,7 @@ The steps, in order: typed-through reuse -> dispatch hold -> comment/string skip
 answered with an empty (or partial) completion and its outcome, never with an error. This module
 knows no HTTP: the edge (`mellum_proxy.http`) adapts the `Answer` protocol to a response.
 
-Each upstream request streams in a task of its own (`mellum_proxy.flight`), which the service relays to its
+Each upstream request streams in a task of its own (`mellum_proxy.serving.flight`), which the service relays to its
 client: so a newer keystroke can follow it, and a cancelled one keeps its slot until the server lets go.
 """
 
@@ -22,7 +22,6 @@ import anyio
 from mellum_proxy.budget import ContextBudget, cursor_in_comment_or_string
 from mellum_proxy.clock import LOOP_CLOCK, Clock
 from mellum_proxy.errors import ProxyError
-from mellum_proxy.flight import CompletionSource, Flights
 from mellum_proxy.models import Answer, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
 from mellum_proxy.observe import Changes
 from mellum_proxy.policies import (
@@ -35,10 +34,12 @@ from mellum_proxy.policies import (
     Supersede,
     Ticket,
 )
-from mellum_proxy.policies.cleanup import Cleaner
-from mellum_proxy.policies.lines import LineGate
-from mellum_proxy.policies.reuse import Hit, ReuseCache, rest_end, tokens_in
+from mellum_proxy.serving.flight import Flights
+from mellum_proxy.serving.reuse import Hit, ReuseCache, rest_end, tokens_in
+from mellum_proxy.shaping.cleanup import Cleaner
+from mellum_proxy.shaping.lines import LineGate
 from mellum_proxy.telemetry import RequestRecord, Telemetry
+from mellum_proxy.upstream.capabilities import CompletionSource
 
 log = logging.getLogger("mellum_proxy")
 
@@ -55,7 +56,7 @@ class Policies:
     ttft_timeout_s: float | None = None  # None: no deadline
     timeout_s: float | None = None
     complete_in_comments: bool = True
-    postprocess: bool = False  # clean completions while they stream (`mellum_proxy.policies.cleanup`)
+    postprocess: bool = False  # clean completions while they stream (`mellum_proxy.shaping.cleanup`)
     clock: Clock = field(default=LOOP_CLOCK)
     dispatch: Dispatch | None = None  # None: the debouncer's fixed window
     reuse: ReuseCache | None = None

@@ -12,7 +12,7 @@ meanwhile: the prefixes are compared at the cursor end, over the context the com
 Memory is bounded in bytes, not only in entries: an entry keeps the last `ALIGN_CHARS` of its prefix
 and a digest of its suffix (length and hash), never the whole prompt, whatever the client sent.
 
-A completion still streaming can be taken over: the newer request follows it (`mellum_proxy.flight.Flight`)
+A completion still streaming can be taken over: the newer request follows it (`mellum_proxy.serving.flight.Flight`)
 instead of cancelling it, and is answered once it ends if its text still agrees.
 """
 
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mellum_proxy.budget.templates import cursor_of
-from mellum_proxy.flight import Flight
 from mellum_proxy.models import NormalizedRequest
-from mellum_proxy.policies.lines import complete_lines
+from mellum_proxy.serving.flight import Flight
+from mellum_proxy.shaping.lines import complete_lines
 
 ENTRIES_PER_SESSION = 4
 MAX_SESSIONS = 256

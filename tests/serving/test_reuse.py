@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from mellum_proxy.flight import Flight
 from mellum_proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest
-from mellum_proxy.policies.reuse import ReuseCache, typed_through
+from mellum_proxy.serving.flight import Flight
+from mellum_proxy.serving.reuse import ReuseCache, typed_through
 
 
 def test_typed_through_finds_what_was_typed() -> None:
@@ -95,7 +95,7 @@ def test_memory_is_bounded_in_bytes_not_in_entries() -> None:
     4 MB prompts in non-Latin-1 text (4 bytes a character) once kept 2 GB for 128 requests."""
     import tracemalloc
 
-    from mellum_proxy.policies.reuse import ALIGN_CHARS, ENTRIES_PER_SESSION
+    from mellum_proxy.serving.reuse import ALIGN_CHARS, ENTRIES_PER_SESSION
 
     big = "значение = вычислить(1)\n" * 170_000  # ~4 MB of text, outside Latin-1
     tracemalloc.start()

@@ -1,0 +1,38 @@
+"""What the serving room may ask of a model server, as protocols its implementations in this room satisfy:
+`UpstreamClient` (one server) and `Upstreams` (several in order) stream completions; a server that can say
+what it still holds (llama.cpp's `/metrics`) lets a cancelled request keep its slot until it is let go."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from mellum_proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
+
+
+class CompletionSource(Protocol):
+    """The one thing the service needs from a model server (`UpstreamClient`, `Upstreams` in production).
+
+    It yields the completion in batches: the chunks that arrived together (one network read).
+    """
+
+    def stream_completion(
+        self, request: NormalizedRequest, prompt: BudgetedPrompt
+    ) -> AsyncGenerator[Sequence[Chunk], None]: ...
+
+
+@runtime_checkable
+class SaysWhatItHolds(Protocol):
+    """A server that can say how many requests it still holds (llama.cpp's `/metrics` or `/slots`)."""
+
+    async def let_go(self, accept: Callable[[int], bool], timeout_s: float) -> bool:
+        """Wait until `accept(requests the server holds)` is true; True if the server said so (False: it
+        cannot tell)."""
+        ...
+
+
+@runtime_checkable
+class SaysWhoServed(Protocol):
+    """Several servers behind one source (`Upstreams`): which one answered a request."""
+
+    def served_by(self, request_id: str) -> str | None: ...
