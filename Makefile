@@ -19,9 +19,9 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The edit-run loop: everything but the tests against the real llama.cpp server (marked `embedded`).
+# The edit-run loop: everything but the tests against the real llama.cpp server and the slow ones (markers).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not embedded" -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not embedded and not slow" -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check mellum_proxy tests docs/hooks

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mellum_proxy.bench.doubles.sim import PROFILES
 from mellum_proxy.bench.runners.calibration import measure, render
 from tests.bench.bursts import burst_trace
+
+pytestmark = pytest.mark.slow  # seconds of real time: in `make test`, not in `make test-fast`
 
 
 async def test_the_lab_is_held_to_the_median_of_the_real_runs(sim_url: str) -> None:

@@ -75,6 +75,7 @@ def test_policy_strings() -> None:
         parse_policy("p:debounce_ms")
 
 
+@pytest.mark.slow
 async def test_debounce_sends_fewer_requests_than_direct_on_the_simulator(sim_url: str) -> None:
     events = burst_trace()
     direct = await run_policy(parse_policy("direct"), events, sim_url, pause_ms=300)
@@ -132,6 +133,7 @@ async def test_reports_of_separate_runs_merge(tmp_path: Path, sim_url: str, caps
     assert any("from `run a`" in note for note in data["notes"])
 
 
+@pytest.mark.slow
 async def test_every_replay_reads_its_policies_against_the_oracle(tmp_path: Path, sim_url: str) -> None:
     from mellum_proxy.bench.reporting.replay_report import load
     from mellum_proxy.bench.workloads.trace import Trace, write_trace
@@ -148,6 +150,7 @@ async def test_every_replay_reads_its_policies_against_the_oracle(tmp_path: Path
     assert "| requests / oracle | p95 / oracle |" in report and "| 8.00 |" in report and "| 1.00 | 1.00 |" in report
 
 
+@pytest.mark.slow
 async def test_the_server_counters_are_read_once_it_has_finished(aiohttp_server: Any) -> None:
     """The plugin has given up on its requests; the server still works through the prefills it began (they
     cannot be interrupted): the waste is read after them, and how long that took is reported."""

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mellum_proxy.bench.runners.soak import measure
+
+pytestmark = pytest.mark.slow  # seconds of real time: in `make test`, not in `make test-fast`
 
 
 async def test_a_short_soak_answers_and_logs_everything() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+import pytest
 
 from mellum_proxy.bench.reporting.results import PolicyResult
 from mellum_proxy.bench.reporting.team_report import developers_markdown, failover_times, failures
@@ -14,6 +15,8 @@ from mellum_proxy.bench.runners.policy import parse_policy
 from mellum_proxy.bench.runners.replay import run_developers
 from mellum_proxy.bench.runners.team import Tap
 from tests.bench.bursts import burst_trace
+
+pytestmark = pytest.mark.slow  # seconds of real time: in `make test`, not in `make test-fast`
 
 
 async def test_developers_replay_at_once_each_under_its_own_routing_key(sim_url: str) -> None:

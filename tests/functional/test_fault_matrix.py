@@ -22,6 +22,8 @@ from mellum_proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
 from tests.shapes import SHAPES
 
+pytestmark = pytest.mark.slow  # seconds of real time: in `make test`, not in `make test-fast`
+
 BODIES: dict[str, dict[str, Any]] = {
     "/v1/completions": {"prompt": "def f(", "suffix": ")"},
     "/infill": {"input_prefix": "def f(", "input_suffix": ")"},

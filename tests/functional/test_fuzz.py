@@ -14,6 +14,7 @@ from contextlib import AsyncExitStack
 
 import aiohttp
 import orjson
+import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,8 @@ from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.config import Settings
 from mellum_proxy.http import RECORDS, build_app
 from mellum_proxy.http.server import serve_app
+
+pytestmark = pytest.mark.slow  # seconds of real time: in `make test`, not in `make test-fast`
 
 PATHS = ["/v1/completions", "/infill", "/completion", "/api/generate", "/v1/chat/completions", "/api/show",
          "/v1/embeddings"]  # fmt: skip
