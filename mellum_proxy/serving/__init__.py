@@ -6,6 +6,7 @@ that completion, finished or still streaming. Below it: the guards (`mellum_prox
 (`mellum_proxy.shaping`), the budget and the upstream; above it, the HTTP edge. It knows no HTTP.
 """
 
-from mellum_proxy.serving.service import CompletionService, Policies
+from mellum_proxy.serving.policy_set import Policies
+from mellum_proxy.serving.service import CompletionService
 
 __all__ = ["CompletionService", "Policies"]

@@ -15,27 +15,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
 
 import anyio
 
 from mellum_proxy.budget import ContextBudget, cursor_in_comment_or_string
-from mellum_proxy.clock import LOOP_CLOCK, Clock
 from mellum_proxy.errors import ProxyError
-from mellum_proxy.models import Answer, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
+from mellum_proxy.models import Answer, BudgetedPrompt, Completion, NormalizedRequest, Outcome
 from mellum_proxy.observe import Changes
 from mellum_proxy.policies import (
-    AdmissionQueue,
     Deadline,
-    Debouncer,
-    Dispatch,
     Lease,
     QueueFullError,
-    Supersede,
     Ticket,
 )
 from mellum_proxy.serving.flight import Flights
-from mellum_proxy.serving.reuse import Hit, ReuseCache, rest_end, tokens_in
+from mellum_proxy.serving.policy_set import Policies
+from mellum_proxy.serving.relay import FromStart, first_text, relay
+from mellum_proxy.serving.typed_through import TypedThrough
 from mellum_proxy.shaping.cleanup import Cleaner
 from mellum_proxy.shaping.lines import LineGate
 from mellum_proxy.telemetry import RequestRecord, Telemetry
@@ -44,23 +40,6 @@ from mellum_proxy.upstream.capabilities import CompletionSource
 log = logging.getLogger("mellum_proxy")
 
 CLOSE_ANSWER_S = 1.0  # at shutdown, for the requests cut at the end of the grace to write their last event
-
-
-@dataclass(slots=True)
-class Policies:
-    """The policy objects one proxy shares between all its requests."""
-
-    debouncer: Debouncer
-    supersede: Supersede
-    admission: AdmissionQueue
-    ttft_timeout_s: float | None = None  # None: no deadline
-    timeout_s: float | None = None
-    complete_in_comments: bool = True
-    postprocess: bool = False  # clean completions while they stream (`mellum_proxy.shaping.cleanup`)
-    clock: Clock = field(default=LOOP_CLOCK)
-    dispatch: Dispatch | None = None  # None: the debouncer's fixed window
-    reuse: ReuseCache | None = None
-    keep_prefill: bool = False
 
 
 class CompletionService:
@@ -76,6 +55,7 @@ class CompletionService:
         self.clock = policies.clock
         self.flights = Flights(upstream, policies.admission, budget, policies.clock, policies.keep_prefill,
                                takeover=policies.reuse is not None)  # fmt: skip
+        self.typed_through = TypedThrough(policies, self.flights, telemetry, budget.settings.max_tokens)
         self._open: set[anyio.CancelScope] = set()  # the requests being served
         self._idle = Changes()  # notified when the last one ends
 
@@ -153,7 +133,7 @@ class CompletionService:
         if policies.reuse is not None:
             hit = policies.reuse.lookup(request)
             if hit is not None:
-                outcome = await self._reuse(request, hit, answer, completion, record)
+                outcome = await self.typed_through.answer(request, hit, answer, completion, record)
                 if outcome is not None:
                     return outcome
         if not await self._hold(request, record):
@@ -200,106 +180,6 @@ class CompletionService:
         record.held((self.clock.now() - held_from) * 1000)
         return go_on
 
-    async def _reuse(
-        self, request: NormalizedRequest, hit: Hit, answer: Answer, completion: Completion, record: RequestRecord
-    ) -> Outcome | None:
-        """Answer from an earlier completion the person typed through; None when it turned out not to fit
-        before anything was sent (the request then goes on as usual)."""
-        policies = self.policies
-        flight = hit.entry.flight
-        source = flight.completion
-        completion.model, completion.created = source.model, source.created
-        completion.upstream_id = source.upstream_id  # whose completion this is the rest of
-        completion.context_tokens, completion.max_tokens = source.context_tokens, source.max_tokens
-        max_tokens, stops = self._asked(request)
-        if flight.done:
-            rest = hit.rest(cut=flight.cut)
-            if rest is None:
-                return None
-            finish: str | None = (source.finish_reason or "stop") if flight.finished else "length"
-            end, why = rest_end(flight, len(hit.typed), max_tokens, stops)
-            if end is not None and end - len(hit.typed) < len(rest):
-                rest, finish = rest[: end - len(hit.typed)], why
-            if self.policies.postprocess:  # the remainder is cleaned as a completion of its own
-                clean = Cleaner(request.prefix, request.suffix)
-                rest = clean.feed(rest) + clean.finish()
-                if clean.stopped is not None:
-                    finish = "stop"
-                    record.cleaned_by(clean.stopped)
-            if not rest:
-                return None
-            completion.count_usage(0, tokens_in(flight, len(hit.typed), len(hit.typed) + len(rest)))  # none evaluated
-            return await self._send_reused(completion, answer, record, rest, finish)
-        # Still streaming: follow it (a newer keystroke supersedes this request as it would any other).
-        flight.listeners += 1
-        sent = 0
-        cleaner = Cleaner(request.prefix, request.suffix) if policies.postprocess else None
-        try:
-            with policies.supersede.admit(request.session) as ticket:
-                deadline = Deadline.start(self.clock, policies.ttft_timeout_s, policies.timeout_s)
-                ticket.scope.deadline = deadline.first_token
-                with ticket.scope:
-                    seen = taken = 0
-                    gate = LineGate()
-                    limited: str | None = None  # the finish reason of this request's own limits, once reached
-                    while True:
-                        await flight.wait(seen)
-                        seen = len(flight.batches)
-                        text = source.text
-                        if not (text.startswith(hit.typed) or hit.typed.startswith(text)):
-                            break  # it wrote something else than what was typed
-                        end, limited = rest_end(flight, len(hit.typed), max_tokens, stops)
-                        if end is not None:
-                            text = text[:end]
-                        new = text[len(hit.typed) + taken :] if len(text) > len(hit.typed) + taken else ""
-                        taken += len(new)
-                        if cleaner is not None:
-                            new = cleaner.feed(new)
-                            if flight.done and not flight.cut and cleaner.stopped is None:
-                                new += cleaner.finish()
-                            if cleaner.stopped is not None:
-                                limited = "stop"
-                                record.cleaned_by(cleaner.stopped)
-                        piece = gate.feed(new) if new else ""
-                        if (flight.done and not flight.cut) or limited:
-                            piece += gate.flush()
-                        if piece:
-                            if not sent:
-                                self.telemetry.first_token(record)
-                                ticket.scope.deadline = deadline.total
-                            sent += len(piece)
-                            chunk = Chunk(piece)
-                            completion.add(chunk)
-                            await answer.send(completion, [chunk])
-                        if flight.done or limited:
-                            break
-                if ticket.scope.cancelled_caught:
-                    return Outcome.CANCELLED if ticket.superseded else Outcome.TIMEOUT
-        finally:
-            self.flights.leave(flight, drop=cleaner is not None and cleaner.stopped is not None)
-        if not sent:
-            return None
-        completion.count_usage(0, tokens_in(flight, len(hit.typed), len(hit.typed) + taken))
-        completion.finish_reason = limited or ((source.finish_reason or "stop") if flight.finished else "length")
-        return Outcome.REUSED
-
-    def _asked(self, request: NormalizedRequest) -> tuple[int | None, list[str]]:
-        """What this request's own answer may hold: at most this many tokens, up to these stop strings."""
-        cap = self.budget.settings.max_tokens
-        max_tokens = cap if request.max_tokens is None else min(request.max_tokens, cap)
-        stop = request.params.get("stop")
-        stops = [stop] if isinstance(stop, str) else [s for s in stop or () if isinstance(s, str)]
-        return max_tokens, stops
-
-    async def _send_reused(
-        self, completion: Completion, answer: Answer, record: RequestRecord, rest: str, finish: str | None
-    ) -> Outcome:
-        chunk = Chunk(rest, finish_reason=finish or "stop")
-        completion.add(chunk)
-        self.telemetry.first_token(record)
-        await answer.send(completion, [chunk])
-        return Outcome.REUSED
-
     async def _stream(
         self,
         request: NormalizedRequest,
@@ -317,36 +197,15 @@ class CompletionService:
         flight = self.flights.start(request, prompt, completion, lease)
         if self.policies.reuse is not None and not request.warm_up:
             self.policies.reuse.remember(request, flight)
-        seen = 0
-        gate = LineGate(flight.capped)  # a cut completion ends at a complete line
         cleaner = Cleaner(request.prefix, request.suffix) if self.policies.postprocess else None
+        view = FromStart(LineGate(flight.capped), cleaner, first_text(self.telemetry, record, ticket, deadline))
         try:
-            while cleaner is None or cleaner.stopped is None:
-                await flight.wait(seen)
-                for batch in flight.batches[seen:]:
-                    seen += 1
-                    if record.ttft_ms is None and any(chunk.has_text for chunk in batch):
-                        self.telemetry.first_token(record)
-                        if ticket is not None and deadline is not None:
-                            ticket.scope.deadline = deadline.total  # the first-token deadline is met
-                    shown = gate.pass_batch(batch if cleaner is None else cleaner.pass_batch(batch))
-                    for chunk in shown:
-                        completion.add(chunk)  # what this client was sent, and nothing more
-                    if shown:
-                        await answer.send(completion, shown)
-                    if cleaner is not None and cleaner.stopped is not None:
-                        record.cleaned_by(cleaner.stopped)
-                        break
-                if flight.done and seen == len(flight.batches):
-                    break
-            rest = gate.flush() if not flight.cut or completion.finish_reason == "stop" else ""
-            if rest:
-                chunk = Chunk(rest)
-                completion.add(chunk)
-                await answer.send(completion, [chunk])
+            await relay(flight, view, answer, completion)
+            if view.cleaned is not None:
+                record.cleaned_by(view.cleaned)
         finally:
             timed_out = ticket is not None and ticket.scope.cancel_called and not ticket.superseded
-            ended_early = cleaner is not None and cleaner.stopped is not None and not flight.done
+            ended_early = view.cleaned is not None and not flight.done
             self.flights.leave(flight, timed_out=timed_out and record.ttft_ms is None, drop=ended_early)
             completion.served_by = flight.completion.served_by
         if flight.error is not None and not ended_early:

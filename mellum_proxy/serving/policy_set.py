@@ -1,0 +1,27 @@
+"""`Policies`: the policy objects one proxy shares between all its requests (the guards of
+`mellum_proxy.policies`, the reuse cache, and the switches the service reads)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mellum_proxy.clock import LOOP_CLOCK, Clock
+from mellum_proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
+from mellum_proxy.serving.reuse import ReuseCache
+
+
+@dataclass(slots=True)
+class Policies:
+    """The policy objects one proxy shares between all its requests."""
+
+    debouncer: Debouncer
+    supersede: Supersede
+    admission: AdmissionQueue
+    ttft_timeout_s: float | None = None  # None: no deadline
+    timeout_s: float | None = None
+    complete_in_comments: bool = True
+    postprocess: bool = False  # clean completions while they stream (`mellum_proxy.shaping.cleanup`)
+    clock: Clock = field(default=LOOP_CLOCK)
+    dispatch: Dispatch | None = None  # None: the debouncer's fixed window
+    reuse: ReuseCache | None = None
+    keep_prefill: bool = False
