@@ -134,11 +134,21 @@ def build_core(
     tokenize: Tokenize | None = None,
 ) -> Core:
     """The service over `source` (one upstream, or several in failover order) and the discovery of `primary`."""
-    policies = build_policies(sections.policies, slots, telemetry.clock)
-    budget = ContextBudget(budget_settings(sections.budget), counter)
+    service = build_service(sections, source, counter, telemetry, slots)
+    policies, budget = service.policies, service.budget
     known = sections.policies.max_concurrency != 0 or slots is not None
     discovery = Discovery(discovery_knobs(sections), primary, policies, budget, embedded_model, known, tokenize)
-    return Core(policies, budget, CompletionService(source, policies, budget, telemetry), discovery)
+    return Core(policies, budget, service, discovery)
+
+
+def build_service(
+    sections: Sections, source: CompletionSource, counter: TokenCounter, telemetry: Telemetry, slots: int | None = None
+) -> CompletionService:
+    """The completion service over `source` with the policies and the budget the sections say: what a proxy
+    runs (`build_core`), and what the policy lab runs on its simulated server."""
+    policies = build_policies(sections.policies, slots, telemetry.clock)
+    budget = ContextBudget(budget_settings(sections.budget), counter)
+    return CompletionService(source, policies, budget, telemetry)
 
 
 def upstream_urls(section: UpstreamSection, embedded_url: str | None) -> list[str]:

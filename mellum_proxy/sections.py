@@ -5,14 +5,23 @@ setting, all kept as they are). `sections(settings)` turns it into this tree onc
 the settings say milliseconds, the dispatch rule resolved, `0 = off` as None. Each component gets only its
 own section (`Flights` and the policies `PolicySection`, the budget `BudgetSection`, the upstream clients
 `UpstreamSection`).
+
+A section field is read from the setting of its own name; one whose name differs says, in its `field`
+metadata, which setting it reads (`source`) and how it converts it, or how it is derived from several
+(`derived`). So a setting is spelled once, in `Settings`, and each section field once, where it is declared:
+there is no mapping to keep in step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, TypeVar
 
 from mellum_proxy.config import Settings
+
+T = TypeVar("T")
 
 
 def _seconds(ms: float) -> float:
@@ -24,58 +33,84 @@ def _seconds_or_none(ms: float) -> float | None:
     return ms / 1000 if ms else None
 
 
+def source(setting: str, convert: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """A section field's metadata: read from `setting` (another name than its own), converted by `convert`."""
+    return {"setting": setting, "convert": convert}
+
+
+def derived(compute: Callable[[Settings], Any]) -> dict[str, Any]:
+    """A section field's metadata: computed from the settings as a whole (what the user named, a rule)."""
+    return {"derive": compute}
+
+
+def _build(cls: type[T], settings: Settings) -> T:
+    values: dict[str, Any] = {}
+    for spec in fields(cls):  # type: ignore[arg-type]  # a section dataclass
+        meta = spec.metadata
+        if "derive" in meta:
+            values[spec.name] = meta["derive"](settings)
+            continue
+        value = getattr(settings, meta.get("setting") or spec.name)
+        values[spec.name] = meta["convert"](value) if meta.get("convert") else value
+    return cls(**values)
+
+
 @dataclass(frozen=True, slots=True)
 class ListenSection:
-    host: str
-    port: int
+    host: str = field(metadata=source("listen_host"))
+    port: int = field(metadata=source("listen_port"))
     auth_token: str | None
     loopback_only: bool
     max_body_bytes: int
-    shutdown_grace_s: float
+    shutdown_grace_s: float = field(metadata=source("shutdown_timeout_s"))
 
 
 @dataclass(frozen=True, slots=True)
 class UpstreamSection:
-    urls: tuple[str, ...]
-    urls_set: bool  # the user named them (with --embedded: they come first, the embedded server last)
-    kind: str
-    model: str | None  # None: the one the upstream lists
-    api_key: str | None
-    headers: dict[str, str] = field(default_factory=dict)
-    routing_header: str | None = None  # None: no routing key
-    route_sessions: bool = False  # key by the editor session, not the developer
-    developer_id: str = ""
-    default_temperature: float | None = None
-    health_interval_s: float = 1.0
-    connect_timeout_s: float = 1.0
-    answer_timeout_s: float | None = 5.0  # None: none
-    passthrough_silence_s: float | None = 30.0  # None: none
+    urls: tuple[str, ...] = field(metadata=source("upstream"))
+    # the user named them (with --embedded: they come first, the embedded server last)
+    urls_set: bool = field(metadata=derived(lambda s: "upstream" in s.model_fields_set))
+    kind: str = field(metadata=source("upstream_kind"))
+    model: str | None = field(metadata=source("upstream_model"))  # None: the one the upstream lists
+    api_key: str | None = field(metadata=source("upstream_api_key"))
+    headers: dict[str, str]
+    routing_header: str | None = field(
+        metadata=derived(lambda s: s.routing_key_header if s.routing_key != "none" else None)
+    )
+    route_sessions: bool = field(metadata=derived(lambda s: s.routing_key == "session"))  # by the editor session
+    developer_id: str
+    default_temperature: float | None
+    health_interval_s: float = field(metadata=source("health_interval_ms", _seconds))
+    connect_timeout_s: float = field(metadata=source("upstream_connect_timeout_ms", _seconds))
+    answer_timeout_s: float | None = field(metadata=source("upstream_answer_timeout_ms", _seconds_or_none))
+    passthrough_silence_s: float | None = field(metadata=source("passthrough_timeout_ms", _seconds_or_none))
 
 
 @dataclass(frozen=True, slots=True)
 class EmbeddedSection:
-    enabled: bool
+    enabled: bool = field(metadata=source("embedded"))
     model: Path | None
-    ctx_tokens: int
-    slots: int
-    threads: int  # 0: `mellum_proxy.upstream.embedded.default_threads`
+    ctx_tokens: int = field(metadata=source("embedded_ctx_tokens"))
+    slots: int = field(metadata=source("embedded_slots"))
+    threads: int = field(metadata=source("embedded_threads"))  # 0: `mellum_proxy.upstream.embedded.default_threads`
 
 
 @dataclass(frozen=True, slots=True)
 class PolicySection:
-    dispatch: str  # "adaptive" or "fixed" (resolved: `debounce_ms` alone asks for the fixed hold)
-    debounce_s: float
-    hold_idle_max_s: float
-    hold_busy_max_s: float
-    hold_min_s: float
+    # "adaptive" or "fixed" (resolved: `debounce_ms` alone asks for the fixed hold)
+    dispatch: str = field(metadata=source("dispatch_rule"))
+    debounce_s: float = field(metadata=source("debounce_ms", _seconds))
+    hold_idle_max_s: float = field(metadata=source("hold_idle_max_ms", _seconds))
+    hold_busy_max_s: float = field(metadata=source("hold_busy_max_ms", _seconds))
+    hold_min_s: float = field(metadata=source("hold_min_ms", _seconds))
     hold_gap_factor: float
     reuse: bool
     keep_prefill: bool
     max_inflight: int
     max_concurrency: int  # 0: the upstream's slots
     max_queue: int
-    ttft_timeout_s: float | None
-    timeout_s: float | None
+    ttft_timeout_s: float | None = field(metadata=source("ttft_timeout_ms", _seconds_or_none))
+    timeout_s: float | None = field(metadata=source("timeout_ms", _seconds_or_none))
     complete_in_comments: bool
     postprocess: bool
 
@@ -85,22 +120,23 @@ class BudgetSection:
     max_context_tokens: int
     max_tokens: int
     prefix_ratio: float
-    step_lines: int
+    step_lines: int = field(metadata=source("context_step_lines"))
     tokenizer: str
     fim_template: str
-    fim_template_chosen: bool  # the user set it (kept even when the model does not know its markers)
+    # the user set it (kept even when the model does not know its markers)
+    fim_template_chosen: bool = field(metadata=derived(lambda s: "fim_template" in s.model_fields_set))
     stop_at_blank_line: bool
 
 
 @dataclass(frozen=True, slots=True)
 class TelemetrySection:
     log: Path | None
-    log_max_bytes: int
+    log_max_bytes: int = field(metadata=source("log_max_mb", lambda mb: int(mb * 1024 * 1024)))
     log_content: bool
     record: Path | None
-    vram_interval_s: float
+    vram_interval_s: float = field(metadata=source("vram_interval_ms", _seconds))
     gpu: int
-    upstream_pid: int | None
+    upstream_pid: int | None = field(metadata=source("upstream_pid", lambda pid: pid or None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,62 +151,11 @@ class Sections:
 
 def sections(settings: Settings) -> Sections:
     """The tree of `settings`, with units converted."""
-    s = settings
     return Sections(
-        listen=ListenSection(
-            s.listen_host, s.listen_port, s.auth_token, s.loopback_only, s.max_body_bytes, s.shutdown_timeout_s
-        ),
-        upstream=UpstreamSection(
-            urls=s.upstream,
-            urls_set="upstream" in s.model_fields_set,
-            kind=s.upstream_kind,
-            model=s.upstream_model,
-            api_key=s.upstream_api_key,
-            headers=s.headers,
-            routing_header=s.routing_key_header if s.routing_key != "none" else None,
-            route_sessions=s.routing_key == "session",
-            developer_id=s.developer_id,
-            default_temperature=s.default_temperature,
-            health_interval_s=_seconds(s.health_interval_ms),
-            connect_timeout_s=_seconds(s.upstream_connect_timeout_ms),
-            answer_timeout_s=_seconds_or_none(s.upstream_answer_timeout_ms),
-            passthrough_silence_s=_seconds_or_none(s.passthrough_timeout_ms),
-        ),
-        embedded=EmbeddedSection(s.embedded, s.model, s.embedded_ctx_tokens, s.embedded_slots, s.embedded_threads),
-        policies=PolicySection(
-            dispatch=s.dispatch_rule,
-            debounce_s=_seconds(s.debounce_ms),
-            hold_idle_max_s=_seconds(s.hold_idle_max_ms),
-            hold_busy_max_s=_seconds(s.hold_busy_max_ms),
-            hold_min_s=_seconds(s.hold_min_ms),
-            hold_gap_factor=s.hold_gap_factor,
-            reuse=s.reuse,
-            keep_prefill=s.keep_prefill,
-            max_inflight=s.max_inflight,
-            max_concurrency=s.max_concurrency,
-            max_queue=s.max_queue,
-            ttft_timeout_s=_seconds_or_none(s.ttft_timeout_ms),
-            timeout_s=_seconds_or_none(s.timeout_ms),
-            complete_in_comments=s.complete_in_comments,
-            postprocess=s.postprocess,
-        ),
-        budget=BudgetSection(
-            max_context_tokens=s.max_context_tokens,
-            max_tokens=s.max_tokens,
-            prefix_ratio=s.prefix_ratio,
-            step_lines=s.context_step_lines,
-            tokenizer=s.tokenizer,
-            fim_template=s.fim_template,
-            fim_template_chosen="fim_template" in s.model_fields_set,
-            stop_at_blank_line=s.stop_at_blank_line,
-        ),
-        telemetry=TelemetrySection(
-            log=s.log,
-            log_max_bytes=int(s.log_max_mb * 1024 * 1024),
-            log_content=s.log_content,
-            record=s.record,
-            vram_interval_s=_seconds(s.vram_interval_ms),
-            gpu=s.gpu,
-            upstream_pid=s.upstream_pid or None,
-        ),
+        listen=_build(ListenSection, settings),
+        upstream=_build(UpstreamSection, settings),
+        embedded=_build(EmbeddedSection, settings),
+        policies=_build(PolicySection, settings),
+        budget=_build(BudgetSection, settings),
+        telemetry=_build(TelemetrySection, settings),
     )

@@ -139,3 +139,22 @@ def test_every_setting_users_have_is_a_flag_a_variable_and_a_toml_key(
     assert (loaded.timeout_ms, loaded.max_queue, loaded.max_tokens, loaded.upstream) == (
         700, 5, 33, ("http://127.0.0.1:9",))  # fmt: skip
     assert Settings().max_tokens == 128  # the file was read by that load alone
+
+
+def test_every_section_field_reads_a_setting_that_exists() -> None:
+    """A section field reads the setting of its own name, or the one its metadata names: a typo, or a setting
+    renamed without its reader, is an error here rather than at start."""
+    from dataclasses import fields
+    from typing import get_type_hints
+
+    from mellum_proxy.sections import Sections, sections
+
+    settings = Settings()
+    for section, cls in get_type_hints(Sections).items():
+        for spec in fields(cls):
+            if "derive" not in spec.metadata:
+                assert hasattr(settings, spec.metadata.get("setting") or spec.name), (section, spec.name)
+    tree = sections(Settings(debounce_ms=100, routing_key="session", log_max_mb=2, upstream_pid=0))
+    assert (tree.policies.dispatch, tree.policies.debounce_s) == ("fixed", 0.1)  # debounce_ms alone: the fixed hold
+    assert tree.upstream.route_sessions and tree.upstream.routing_header == "X-Session-Id"
+    assert (tree.telemetry.log_max_bytes, tree.telemetry.upstream_pid) == (2 * 1024 * 1024, None)

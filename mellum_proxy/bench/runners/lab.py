@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mellum_proxy.assembly import budget_settings, build_policies
+from mellum_proxy.assembly import build_service
 from mellum_proxy.bench.doubles.sim import profile
 from mellum_proxy.bench.doubles.sim_engine import SimEngine, SimRefused
 from mellum_proxy.bench.reporting import lab_report
@@ -36,7 +36,7 @@ from mellum_proxy.bench.workloads.corpus import CODE_DIR, shipped_traces
 from mellum_proxy.bench.workloads.editor import EditMark, RequestResult, account, window
 from mellum_proxy.bench.workloads.synth import TYPISTS, synthesize
 from mellum_proxy.bench.workloads.trace import Event, Trace, TraceError, limited, next_typed
-from mellum_proxy.budget import CharsEstimator, ContextBudget
+from mellum_proxy.budget import CharsEstimator
 from mellum_proxy.budget.templates import MELLUM, FimParts
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE, SHARE, fail
@@ -282,11 +282,9 @@ async def _replay(
     source = EngineSource(engine, writer, {})
     service = records = None
     if policy.settings is not None:
-        tree = sections(Settings.model_validate(policy.settings))
-        policies = build_policies(tree.policies, spec.slots)
         records = RecentRecords(size=1 << 20)
-        budget = ContextBudget(budget_settings(tree.budget), CharsEstimator())
-        service = CompletionService(source, policies, budget, Telemetry(records))
+        tree = sections(Settings.model_validate(policy.settings))
+        service = build_service(tree, source, CharsEstimator(), Telemetry(records), spec.slots)
     clock = Clock()
     editor = LabEditor(policy, engine, source, service, clock, max_tokens)
     marks = await play(
