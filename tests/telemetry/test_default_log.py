@@ -89,4 +89,6 @@ async def test_a_records_time_counts_from_its_arrival(make_proxy: ProxyFactory, 
     resp = await proxy.post("/v1/completions", data=slowly(), headers={"Content-Type": "application/json"})
     assert resp.status == 200
     record = proxy.app[RECORDS].last()
-    assert record.total_ms is not None and record.total_ms >= 300
+    # it counted from the parsed body (a few ms) before; the handler may start a little after the client's first
+    # half left it, on busy cores 1 ms once: the bound keeps a margin both ways
+    assert record.total_ms is not None and record.total_ms >= 250
