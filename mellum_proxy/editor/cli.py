@@ -41,7 +41,7 @@ def add_commands(commands: Any) -> None:
 CONFIG_FIELDS = ("dispatch", "debounce_ms", "timeout_ms", "max_context_tokens", "max_tokens")
 
 
-def running_settings(settings: Settings, timeout_s: float = 0.5) -> tuple[Settings, str] | None:
+def running_settings(settings: Settings, timeout_s: float = 2.0) -> tuple[Settings, str] | None:
     """`settings` with what the proxy listening at their address runs with (its context as fitted to its
     server), and the `/status` URL read; None when no proxy answers there."""
     url = f"http://{settings.listen}/status"
