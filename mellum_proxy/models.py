@@ -53,8 +53,6 @@ class NormalizedRequest:
         context_files: other files' text the plugin sent along, as (path, text), nearest last.
         context_tokens: the client's own context limit (Ollama `num_ctx`), when it gave one.
         response_fields: the answer fields the client asked for (llama.cpp `response_fields`), if any.
-        arrived: the clock's time the request arrived at the edge (before its body was read); durations in
-            its record count from it. None: when the service got it.
     """
 
     id: str
@@ -70,7 +68,6 @@ class NormalizedRequest:
     context_files: tuple[tuple[str, str], ...] = ()
     context_tokens: int | None = None
     response_fields: tuple[str, ...] | None = None
-    arrived: float | None = None
 
     @property
     def warm_up(self) -> bool:

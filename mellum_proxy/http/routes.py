@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import orjson
@@ -82,11 +82,10 @@ def completion_handler(dialect: Dialect, route: CompletionRoute) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         service = request.app[SERVICE]
         arrived = service.clock.now()  # its record counts from here, the body's read included
-        normalized = replace(route.parse(await read_json(request), request.headers, request_id(request)),
-                             arrived=arrived)  # fmt: skip
+        normalized = route.parse(await read_json(request), request.headers, request_id(request))
         answer = HttpAnswer(request, dialect.encoder(normalized))
         request[RECORDED] = True
-        await service.complete(normalized, answer)
+        await service.complete(normalized, answer, arrived)
         return answer.result()
 
     return handle

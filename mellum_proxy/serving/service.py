@@ -59,9 +59,10 @@ class CompletionService:
         self._open: set[anyio.CancelScope] = set()  # the requests being served
         self._idle = Changes()  # notified when the last one ends
 
-    async def complete(self, request: NormalizedRequest, answer: Answer) -> None:
-        """Answer `request`; a `ProxyError` becomes `answer.fail`, never a raise."""
-        record = self.telemetry.start(request)
+    async def complete(self, request: NormalizedRequest, answer: Answer, arrived: float | None = None) -> None:
+        """Answer `request`; a `ProxyError` becomes `answer.fail`, never a raise. `arrived`: the clock's time it
+        reached the edge, before its body was read (its record counts from then); None: now."""
+        record = self.telemetry.start(request, arrived)
         record.arrived(self.policies.admission.depth, self.policies.admission.running)
         completion = Completion(id=f"cmpl-{request.id}")
         scope = anyio.CancelScope()  # the proxy's own: cut at the end of the shutdown grace (`close`)

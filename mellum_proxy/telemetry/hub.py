@@ -41,11 +41,11 @@ class Telemetry:
         """The files requests are written to (`--log`, `--record`)."""
         return [sink for sink in (self.log, self.recorder) if sink is not None]
 
-    def start(self, request: NormalizedRequest) -> RequestRecord:
+    def start(self, request: NormalizedRequest, arrived: float | None = None) -> RequestRecord:
         clock = self.clock
         now, unix = clock.now(), clock.unix()
-        if request.arrived is not None:  # the edge saw it first (its body still to read)
-            now, unix = request.arrived, unix - max(0.0, now - request.arrived)
+        if arrived is not None:  # the edge saw it first (its body still to read)
+            now, unix = arrived, unix - max(0.0, now - arrived)
         record = RequestRecord.start(request, now, unix, self.log_content, self.log is not None)
         if self.recorder is not None:
             self.recorder.put(arrival(request, record.received_at, self.log_content))
