@@ -11,6 +11,7 @@ from mellum_proxy.bench.runners import (
     ladder,
     memory,
     overhead,
+    pauses,
     quality,
     replay,
     soak,
@@ -21,7 +22,7 @@ from mellum_proxy.bench.workloads import convert, synth
 from mellum_proxy.console import Parser
 
 COMMANDS = (replay, team, convert, ladder, quality, replay_report, overhead, budget, first_run, memory, soak, synth,
-            calibration, lab, tune)  # fmt: skip
+            calibration, lab, tune, pauses)  # fmt: skip
 
 
 def build_parser() -> Parser:

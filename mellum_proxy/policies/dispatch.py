@@ -28,6 +28,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from mellum_proxy.clock import LOOP_CLOCK, Clock
+from mellum_proxy.models import NormalizedRequest
 
 RHYTHM_CAP_S = 1.0
 RHYTHM_GAPS = 8
@@ -49,6 +50,10 @@ class Dispatch:
     def max_hold_s(self) -> float:
         """The longest hold this policy can choose (0: it never holds, and never reads the clock)."""
         return max(self.hold_idle_max_s, self.hold_busy_max_s, self.hold_min_s)
+
+    def hold_for(self, request: NormalizedRequest, busy: bool) -> float:
+        """The hold for `request`, arriving now."""
+        return self.hold_s(request.session, busy)
 
     def hold_s(self, session: str, busy: bool) -> float:
         """The hold for a request of `session` arriving now."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mellum_proxy.clock import LOOP_CLOCK, Clock
-from mellum_proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
+from mellum_proxy.policies import AdmissionQueue, Debouncer, Dispatch, Foresight, Supersede
 from mellum_proxy.serving.reuse import ReuseCache
 
 
@@ -22,6 +22,6 @@ class Policies:
     complete_in_comments: bool = True
     postprocess: bool = False  # clean completions while they stream (`mellum_proxy.shaping.cleanup`)
     clock: Clock = field(default=LOOP_CLOCK)
-    dispatch: Dispatch | None = None  # None: the debouncer's fixed window
+    dispatch: Dispatch | Foresight | None = None  # None: the debouncer's fixed window
     reuse: ReuseCache | None = None
     keep_prefill: bool = False

@@ -171,7 +171,7 @@ class CompletionService:
             window = policies.debouncer.window_s
         else:
             busy = not policies.admission.has_free_slot() or policies.supersede.admitted(request.session) > 0
-            window = dispatch.hold_s(request.session, busy)
+            window = dispatch.hold_for(request, busy)
         if window <= 0:  # nothing is held, and the clock (a system call on some machines) is not read
             await policies.debouncer.hold(request.session, 0)
             record.held(0.0)

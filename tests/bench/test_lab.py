@@ -106,7 +106,7 @@ def test_the_server_never_holds_more_than_max_concurrency_of_the_proxys_requests
 def test_a_prompt_over_a_slot_is_the_servers_400_not_a_proxy_defect() -> None:
     """The simulator's refusal (a prompt over a slot's context) reaches the service as llama.cpp's 400, which
     the proxy reads as a context overflow; it was a TypeError once, recorded `internal_error`."""
-    from mellum_proxy.bench.runners.lab import EngineSource, Writer
+    from mellum_proxy.bench.runners.lab_parts import EngineSource, Writer
     from mellum_proxy.errors import UpstreamStatusError
     from mellum_proxy.models import BudgetedPrompt, NormalizedRequest
     from mellum_proxy.upstream.errors import context_overflow

@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from mellum_proxy.bench.runners.overhead import measure, render
+from mellum_proxy.bench.runners.overhead import RELAYS, measure, render
 from mellum_proxy.cli import main
 
 
@@ -17,14 +17,28 @@ async def test_every_round_measures_both_relays_and_the_proxy() -> None:
     assert [row["round"] for row in result["rows"]] == [1, 2] and len(lines) == 2
     for row in result["rows"]:
         assert row["direct"]["ttft_p50_ms"] > 0
-        for path in ("bare", "parsing", "proxy", "cleaning", "page"):  # page: a proxy with its live page open
+        for path in (
+            "bare",
+            "parsing",
+            "proxy",
+            "cleaning",
+            "page",
+            "foresight",
+        ):  # page: a proxy with its live page open
             assert set(row[path]) == {"added_ttft_p50_ms", "added_total_p50_ms", "added_ttft_p95_ms",
                                       "cpu_ms_per_request"}  # fmt: skip
     keys = {"added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"}
-    ratios = ("proxy_over_bare", "parsing_over_bare", "proxy_over_parsing", "cleaning_over_proxy", "page_over_proxy")
+    ratios = (
+        "proxy_over_bare",
+        "parsing_over_bare",
+        "proxy_over_parsing",
+        "cleaning_over_proxy",
+        "page_over_proxy",
+        "foresight_over_proxy",
+    )
     assert set(result["summary"]) == {f"{ratio}_{key}" for key in keys for ratio in ratios}
     report = render(result, "mellum-proxy bench overhead")
-    assert all(report.count(f"| {path} |") == 2 for path in ("bare", "parsing", "proxy", "cleaning", "page"))
+    assert all(report.count(f"| {path} |") == 2 for path in RELAYS)
 
 
 def test_cli_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -50,7 +64,7 @@ def test_added_latency_is_read_at_the_50th_and_95th_percentiles() -> None:
     direct = PathRound(ttft_ms=[1.0] * 100, total_ms=[2.0] * 100)
     slow_tail = [1.0 + i / 100 for i in range(100)]  # added 0.00 .. 0.99 ms
     measured = {"direct": direct, **{name: PathRound(ttft_ms=slow_tail, total_ms=[2.5] * 100) for name in
-                                     ("bare", "parsing", "proxy", "cleaning", "page")}}  # fmt: skip
+                                     ("bare", "parsing", "proxy", "cleaning", "page", "foresight")}}  # fmt: skip
     row = _row(0, measured, requests=100)
     assert row["proxy"]["added_ttft_p50_ms"] == pytest.approx(0.49)  # the median, not the 0.5th percentile
     assert row["proxy"]["added_ttft_p95_ms"] == pytest.approx(0.94)

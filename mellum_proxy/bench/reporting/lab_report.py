@@ -36,6 +36,7 @@ def summarize(
         "frontier": {spec.name: [r.policy for r in pareto([m for m in _means(runs, spec.name) if m.policy != "oracle"])]
                      for spec in specs},  # the oracle is the yardstick, not a policy to choose
         "means": {spec.name: [r.summary() for r in _means(runs, spec.name)] for spec in specs},
+        "foresight": foresight_against_defaults(runs, gaps),
     }  # fmt: skip
 
 
@@ -222,9 +223,10 @@ def render(result: dict[str, Any], command: str) -> str:
                  for k in ("coverage", "p95", "requests", "waste")]  # fmt: skip
         tail = f" {met_by['all']}/{row['policies']} |" if met_by else ""
         lines.append(f"| {row['profile']} | {row['trace']} | " + " | ".join(cells) + f" | {bound} |" + tail)
+    lines += _foresight_lines(result.get("foresight")) + _capacity_lines(result)
     for prof, source in result["profiles"].items():
         lines += ["", f"## {prof}", "", f"Server: {source}.", ""]
-        rows = [r for r in result["runs"] if r["profile"] == prof and r["policy"] in ("direct", "oracle", "defaults")]
+        rows = [r for r in result["runs"] if r["profile"] == prof and r["policy"] in NAMED]
         rows = rows or [r for r in result["runs"] if r["profile"] == prof]
         lines += _table(rows)
         frontier = result["frontier"].get(prof, [])
@@ -236,6 +238,7 @@ def render(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+NAMED = ("direct", "oracle", "defaults", "foresight")  # the policies each profile's table shows (not a grid's)
 PLOT_COLUMNS = 3  # panels a row in frontier.png
 
 
@@ -284,4 +287,105 @@ def plot(result: dict[str, Any], path: Path, highlight: str | None = None) -> No
         figure.colorbar(points, ax=axis, label="pause coverage")
     figure.tight_layout()
     figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+
+
+def foresight_against_defaults(runs: Sequence[LabResult], gaps: dict[str, list[float]]) -> dict[str, Any] | None:
+    """`foresight` against `defaults` on every (profile, trace) where both ran: its requests as a share of the
+    defaults', coverage against direct's - 1 point, p95 against the oracle's (+ 30 ms on `gpu` and `h100`,
+    x 1.1 elsewhere); and the requests in sum over the rows where the no-foresight floor is over the limit."""
+    index = {(r.profile, r.trace, r.policy): r for r in runs}
+    rows: list[dict[str, Any]] = []
+    for (prof, trace, name), run in index.items():
+        defaults, direct = index.get((prof, trace, "defaults")), index.get((prof, trace, "direct"))
+        oracle = index.get((prof, trace, "oracle"))
+        if name != "foresight" or defaults is None or direct is None or oracle is None:
+            continue
+        yardstick = _or_inf(oracle.latency_p95_ms)
+        allowed = yardstick + 30 if prof in ("gpu", "h100") else 1.1 * yardstick
+        floor = requests_floor(gaps[trace], oracle) if trace in gaps else None
+        rows.append({
+            "profile": prof, "trace": trace, "requests": run.upstream_requests, "defaults": defaults.upstream_requests,
+            "coverage": (run.pause_coverage or 0.0) >= (direct.pause_coverage or 0.0) - 0.01,
+            "p95": _paired_p95(run, oracle) <= allowed,
+            "not_worse": (run.pause_coverage or 0.0) >= (defaults.pause_coverage or 0.0)
+            and _or_inf(run.latency_p95_ms) <= _or_inf(defaults.latency_p95_ms),
+            "over_floor": bool(floor and floor["floor"] > floor["limit"]),
+        })  # fmt: skip
+    if not rows:
+        return None
+    over = [row for row in rows if row["over_floor"]]
+    share = sum(r["requests"] for r in over) / sum(r["defaults"] for r in over) if over else None
+    return {"rows": rows, "requests_share_over_floor": share}
+
+
+def _foresight_lines(foresight: dict[str, Any] | None) -> list[str]:
+    if not foresight:
+        return []
+    share = foresight["requests_share_over_floor"]
+    lines = ["", "## foresight against the defaults", "",
+             "Requests: foresight's upstream requests / the defaults'. Coverage: >= direct's - 1 point. p95: over the "
+             "pauses the oracle answered too, <= the oracle's + 30 ms on gpu and h100, <= 1.1x the oracle's elsewhere. "
+             "Not worse: coverage and p95 no worse than the defaults'. Over the floor: the rows where the no-foresight "
+             "floor is over the requests limit" + (f"; there, in sum, foresight sends {share:.2f}x the defaults' "
+             "requests (target 0.85x)." if share is not None else "."), "",
+             "| profile | trace | requests | coverage | p95 | not worse | over the floor |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    marks = {True: "yes", False: "**no**"}
+    for row in foresight["rows"]:
+        share = row["requests"] / max(1, row["defaults"])
+        lines.append(f"| {row['profile']} | {row['trace']} | {row['requests']} / {row['defaults']} = {share:.2f}x "
+                     f"| {marks[row['coverage']]} | {marks[row['p95']]} | {marks[row['not_worse']]} "
+                     f"| {'yes' if row['over_floor'] else '-'} |")  # fmt: skip
+    return lines
+
+
+def _capacity_lines(result: dict[str, Any]) -> list[str]:
+    if not result.get("capacity"):
+        return []
+    rule = result["capacity_rule"]
+    lines = ["", "## Developers per server", "",
+             f"N developers typing at once on one server (developer i types trace i mod the number of traces, "
+             f"{rule['stagger_ms']:.0f} ms x i later), each through a proxy of its own; counts tried: "
+             f"{', '.join(map(str, rule['counts']))}. Carried: the pooled pause-to-suggestion p95 <= "
+             f"{rule['p95_limit_ms']:.0f} ms and the mean pause coverage >= {rule['coverage_share']:.0%} of the same "
+             "developers' alone. `capacity.png`: p95 against N.", "",
+             "| profile | policy | developers carried | p95 ms | coverage |", "|---|---|---|---|---|"]  # fmt: skip
+    for row in result["capacity"]:
+        lines.append(f"| {row['profile']} | {row['policy']} | {row['developers']} | {_fmt(row['p95_ms'], '{:.0f}')} "
+                     f"| {_fmt(row['coverage'], '{:.1%}')} |")  # fmt: skip
+    return lines
+
+
+def plot_capacity(result: dict[str, Any], path: Path) -> None:
+    """Pooled p95 against developers, one panel per profile, one line per policy; the p95 limit dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
+
+    profiles = list(dict.fromkeys(point["profile"] for point in result["capacity_curve"]))
+    columns = min(PLOT_COLUMNS, len(profiles))
+    rows = math.ceil(len(profiles) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4.5 * rows), squeeze=False)
+    for axis in axes.flat[len(profiles) :]:
+        axis.set_visible(False)
+    for axis, prof in zip(axes.flat, profiles, strict=False):
+        points = [p for p in result["capacity_curve"] if p["profile"] == prof and p["p95_ms"] is not None]
+        for policy in dict.fromkeys(p["policy"] for p in points):
+            mine = [p for p in points if p["policy"] == policy]
+            axis.plot([p["developers"] for p in mine], [p["p95_ms"] for p in mine], marker="o", label=policy)
+        axis.axhline(result["capacity_rule"]["p95_limit_ms"], color="grey", linestyle="--", linewidth=1)
+        axis.set_xscale("log", base=2)
+        counts = result["capacity_rule"]["counts"]
+        axis.xaxis.set_major_locator(FixedLocator(counts))  # the counts tried, as numbers (not 2^4)
+        axis.xaxis.set_major_formatter(FormatStrFormatter("%d"))
+        axis.xaxis.set_minor_formatter(NullFormatter())
+        axis.set_title(f"{prof}: pooled p95 by developers")
+        axis.set_xlabel("developers on one server")
+        axis.set_ylabel("pause->shown p95 (ms)")
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)

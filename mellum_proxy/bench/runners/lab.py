@@ -17,37 +17,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from mellum_proxy.assembly import build_service
 from mellum_proxy.bench.doubles.sim import profile
-from mellum_proxy.bench.doubles.sim_engine import SimEngine, SimRefused
+from mellum_proxy.bench.doubles.sim_engine import SimEngine
 from mellum_proxy.bench.reporting import lab_report
 from mellum_proxy.bench.reporting.results import LabResult, Seen
 from mellum_proxy.bench.reporting.writing import command, write_report
+from mellum_proxy.bench.runners.lab_parts import EngineSource, LabEditor, Writer
 from mellum_proxy.bench.runners.playback import Clock, gaps_after, pause_starts, play
 from mellum_proxy.bench.runners.policy import Policy, parse_policy
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.corpus import CODE_DIR, shipped_traces
-from mellum_proxy.bench.workloads.editor import EditMark, RequestResult, account, window
+from mellum_proxy.bench.workloads.editor import EditMark, RequestResult, account
 from mellum_proxy.bench.workloads.synth import TYPISTS, synthesize
 from mellum_proxy.bench.workloads.trace import Event, Trace, TraceError, limited, next_typed
 from mellum_proxy.budget import CharsEstimator
-from mellum_proxy.budget.templates import MELLUM, FimParts
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE, SHARE, fail
-from mellum_proxy.errors import ProxyError, UpstreamStatusError
-from mellum_proxy.models import Batches, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
+from mellum_proxy.models import Outcome
 from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.sections import sections
-from mellum_proxy.serving import CompletionService
 from mellum_proxy.telemetry import RecentRecords, Telemetry
 
-JUNK = "\u00a4" * 1024
 SYNTH_SOURCE = CODE_DIR / "inventory.py"
 DEFAULT_PROFILES = ("embedded-cpu", "gpu", "h100", "mac-m4", "laptop-m3")
 MAX_GAP_MS = 2000  # gaps longer than this are played as this (a pause stays a pause)
@@ -73,24 +68,34 @@ def add_commands(commands: Any) -> None:
                      help="share of completions that are what the person typed next [default: 0.3]")  # fmt: skip
     lab.add_argument("--limit-events", type=POSITIVE, default=1500, help="edits per trace [default: 1500]")
     lab.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
+    lab.add_argument("--developers", metavar="N[,N...]",
+                     help="also: how many developers one server carries, trying these counts (capacity)")  # fmt: skip
 
 
 def _lab(args: argparse.Namespace) -> None:
+    from mellum_proxy.bench.runners import capacity
+
     try:
+        counts = capacity.parse_developers(args.developers) if args.developers else None
         result = measure(args.traces, args.profile, args.policy, args.grid, args.accuracy, args.limit_events,
-                         args.max_tokens, progress=print)  # fmt: skip
+                         args.max_tokens, progress=print, developers=counts)  # fmt: skip
     except (OSError, TraceError, ValueError) as exc:
         fail(str(exc))
     write_report(args.out, "lab", result, lab_report.render)
     lab_report.plot(result, args.out / "frontier.png")
     print(f"wrote {args.out}/frontier.png")
+    if counts:
+        lab_report.plot_capacity(result, args.out / "capacity.png")
+        print(f"wrote {args.out}/capacity.png")
 
 
 def measure(
     trace_paths: Sequence[Path], profiles: Sequence[str] | None, policy_texts: Sequence[str] | None, with_grid: bool,
     accuracy: float, limit_events: int, max_tokens: int, progress: Callable[[str], None] = print,
+    developers: Sequence[int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Every policy over every trace on every profile; the result `lab_report.render` shows."""
+    """Every policy over every trace on every profile; the result `lab_report.render` shows. `developers`: also
+    the capacity (`mellum_proxy.bench.runners.capacity`) at these counts."""
     specs = [profile(name) for name in profiles or DEFAULT_PROFILES]
     if trace_paths:
         traces = [(path.name, list(load_trace(path).events)) for path in trace_paths]
@@ -105,7 +110,13 @@ def measure(
                 runs.append(run_lab(policy, events, spec, name, accuracy, max_tokens=max_tokens))
             progress(f"{spec.name} / {name}: {len(policies)} policies")
     gaps = {name: list(gaps_after(events, MAX_GAP_MS).values()) for name, events in traces}
-    return lab_report.summarize(runs, specs, accuracy, max_tokens, limit_events, gaps)
+    result = lab_report.summarize(runs, specs, accuracy, max_tokens, limit_events, gaps)
+    if developers:
+        from mellum_proxy.bench.runners import capacity
+
+        result |= capacity.measure([events for _, events in traces], specs, policies, developers, accuracy,
+                                   MAX_GAP_MS, max_tokens, progress)  # fmt: skip
+    return result
 
 
 def default_traces() -> list[tuple[str, list[Event]]]:
@@ -126,147 +137,6 @@ def _policies(texts: Sequence[str] | None, with_grid: bool) -> list[Policy]:
         chosen += grid({"dispatch": "adaptive"}, GRID_AXES)
         chosen += [Policy(f"fixed={ms}", {"dispatch": "fixed", "debounce_ms": ms}) for ms in FIXED]
     return chosen
-
-
-class Writer:
-    """What the simulated model writes for a request: the person's next line with probability `accuracy`."""
-
-    def __init__(self, truth: dict[int, str], accuracy: float, seed: int = 0) -> None:
-        self.truth = truth
-        self.accuracy = accuracy
-        self.seed = seed
-
-    def text(self, edit: int, prompt: str) -> str:
-        typed = self.truth.get(edit, "")
-        draw = int(hashlib.sha256(f"{self.seed}:{edit}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-        if typed and draw < self.accuracy:
-            line, newline, _ = typed.partition("\n")
-            return line + newline if line or newline else typed
-        return JUNK  # never what anyone types; as long as asked: the real model seldom stops early
-
-
-class EngineSource:
-    """The proxy's `CompletionSource` over the simulated server, with its exact `let_go`."""
-
-    def __init__(self, engine: SimEngine, writer: Writer, edit_of: dict[str, int]) -> None:
-        self.engine = engine
-        self.writer = writer
-        self.edit_of = edit_of  # request id -> edit index
-        self.tasks: dict[str, Any] = {}
-
-    async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
-        text = prompt.prompt + (prompt.suffix or "")
-        try:
-            task = self.engine.submit(text, prompt.max_tokens, self.writer.text(self.edit_of[request.id], text))
-        except SimRefused as exc:  # llama.cpp's answer: the proxy fits the prompt again, harder, once
-            raise UpstreamStatusError(400, str(exc), "exceed_context_size_error") from exc
-        self.tasks[request.id] = task
-        try:
-            first = True
-            async for pieces in task.stream():
-                chunks = [Chunk(piece) for piece in pieces]
-                if first:
-                    chunks[0].upstream_id, first = f"lab-{request.id}", False
-                yield chunks
-            usage = {"prompt_tokens": task.prompt_tokens, "completion_tokens": task.completion_tokens}
-            yield [Chunk("", finish_reason=task.finish_reason, usage=usage, upstream_id=f"lab-{request.id}")]
-        finally:
-            if not task.done:
-                task.leave()
-
-    async def let_go(self, accept: Callable[[int], bool], timeout_s: float) -> bool:
-        engine = self.engine
-        try:
-            await engine.changes.wait_for(lambda: accept(engine.held), timeout_s)
-        except TimeoutError:
-            return False
-        return True
-
-
-class CollectingAnswer:
-    def __init__(self) -> None:
-        self.text = ""
-        self.outcome: Outcome | None = None
-        self.source: str | None = None
-        self.error: str | None = None
-
-    async def send(self, completion: Completion, chunks: Sequence[Chunk]) -> None:
-        return None
-
-    async def finish(self, completion: Completion, outcome: Outcome) -> None:
-        self.text, self.outcome, self.source = completion.text, outcome, completion.upstream_id
-
-    async def fail(self, completion: Completion, error: ProxyError) -> None:
-        self.error = str(error)
-
-
-class LabEditor:
-    """The simulated plugin in the lab: one request per edit, the previous one cancelled (if it cancels);
-    `direct` sends the Mellum prompt to the engine itself, a policy hands the request to the service."""
-
-    def __init__(self, policy: Policy, engine: SimEngine, source: EngineSource, service: CompletionService | None,
-                 clock: Clock, max_tokens: int) -> None:  # fmt: skip
-        self.policy, self.engine, self.source, self.service = policy, engine, source, service
-        self.clock, self.max_tokens = clock, max_tokens
-        self.results: list[RequestResult] = []
-        self.tasks: set[asyncio.Task[None]] = set()
-        self._open: asyncio.Task[None] | None = None
-
-    @property
-    def in_flight(self) -> int:
-        return sum(not task.done() for task in self.tasks)
-
-    def typed_on(self) -> None:
-        if self.policy.plugin_cancel and self._open is not None and not self._open.done():
-            self._open.cancel()
-
-    def on_edit(self, index: int, file: str, text: str, cursor: int) -> None:
-        self.typed_on()
-        prefix, suffix = window(text, cursor)
-        result = RequestResult(index, file, self.clock.now_ms())
-        self.results.append(result)
-        if self.service is None:
-            coro = self._direct(result, MELLUM.render(FimParts(prefix, suffix, file)))
-        else:
-            request = NormalizedRequest(id=str(index), dialect="lab", session="lab", prefix=prefix, suffix=suffix,
-                                        max_tokens=self.max_tokens, file_path=file,
-                                        params={"temperature": 0})  # fmt: skip
-            self.source.edit_of[request.id] = index
-            coro = self._proxied(result, request)
-        self._open = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(self._open)
-        self._open.add_done_callback(self.tasks.discard)
-
-    async def _direct(self, result: RequestResult, prompt: str) -> None:
-        writer = self.source.writer
-        try:  # as the plugin sends it: not streamed; the oracle streams, so that its cancel stops the server
-            task = self.engine.submit(prompt, self.max_tokens, writer.text(result.edit, prompt),
-                                      stream=self.policy.oracle)  # fmt: skip
-        except SimRefused as exc:
-            result.error = str(exc)
-            return
-        self.source.tasks[str(result.edit)] = task
-        try:
-            await task.changes.wait_for(lambda: task.done, timeout_s=math.inf)
-        except asyncio.CancelledError:
-            task.leave()
-            result.cancelled = True
-            raise
-        result.done_ms, result.text = self.clock.now_ms(), "".join(task.pieces)
-        result.completion_tokens, result.outcome = task.completion_tokens, f"lab-{result.edit}"
-
-    async def _proxied(self, result: RequestResult, request: NormalizedRequest) -> None:
-        assert self.service is not None
-        answer = CollectingAnswer()
-        try:
-            await self.service.complete(request, answer)
-        except asyncio.CancelledError:
-            result.cancelled = True
-            raise
-        result.done_ms, result.text, result.error = self.clock.now_ms(), answer.text, answer.error
-        result.status = 200 if answer.error is None else 502
-        result.outcome = answer.source or (answer.outcome.value if answer.outcome else None)
-        result.completion_tokens = 0
 
 
 async def _replay(

@@ -6,8 +6,9 @@ noise hits all alike:
 `parsing` (client -> `parsing_relay`, which parses the request and the events and nothing else -> upstream) and
 `proxy` (client -> mellum-proxy with its policies off: debounce 0, no deadline, no reuse, no
 post-processing, the `chars` tokenizer -> upstream); and two more such proxies, so that what each costs a
-request shows against `proxy`: `cleaning`, with post-processing on (the default), and `page`, with its live
-page open (a reader of `/ui/events` in a process of its own, as a browser would be).
+request shows against `proxy`: `cleaning`, with post-processing on (the default), `page`, with its live
+page open (a reader of `/ui/events` in a process of its own, as a browser would be), and `foresight`, with the
+pause model asked at every request (`dispatch=foresight`, its hold 0 so that nothing waits: its cost alone).
 Each round sends `requests` sequential streaming fill-in-the-middle completions (a prompt and a suffix, as
 the plugins send them) per path. Added latency is a path's
 percentile less direct's in the same round; CPU per request is the process's CPU time spent on the path's
@@ -50,13 +51,14 @@ def add_commands(commands: Any) -> None:
     overhead.add_argument("--tokens", type=POSITIVE, default=16, help="streamed tokens per request [default: 16]")
 
 
-PATHS = ("direct", "bare", "parsing", "proxy", "cleaning", "page")
+PATHS = ("direct", "bare", "parsing", "proxy", "cleaning", "page", "foresight")
 RELAYS = PATHS[1:]
 TTFT_TARGET, CPU_TARGET = 1.3, 1.5  # the proxy against the relay that only parses
 PROXY_SETTINGS: dict[str, Any] = {  # no hold, no deadline, no reuse (every request goes upstream), no cleaning
     "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64, "reuse": False,
     "postprocess": False,
 }  # fmt: skip
+FORESIGHT: dict[str, Any] = {"dispatch": "foresight", "foresight_hold_ms": 0}
 
 
 @dataclass
@@ -115,9 +117,10 @@ async def measure(
             serve_app(build_app(Settings(upstream=upstream, **{**PROXY_SETTINGS, "postprocess": True}))) as cleaning,
             serve_app(page_app := build_app(Settings(upstream=upstream, **PROXY_SETTINGS))) as page,
             _page_open(page_app, page),
+            serve_app(build_app(Settings(upstream=upstream, **PROXY_SETTINGS, **FORESIGHT))) as foresight,
         ):
             urls = {"direct": upstream, "bare": bare, "parsing": parsing, "proxy": proxy, "cleaning": cleaning,
-                    "page": page}  # fmt: skip
+                    "page": page, "foresight": foresight}  # fmt: skip
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
                 await _round(session, urls, 20, body)  # warm up connections and code paths
                 rows = []
@@ -176,6 +179,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary |= {f"proxy_over_parsing_{key}": _ratio(rows, key, over="parsing") for key in keys}
     summary |= {f"cleaning_over_proxy_{key}": _ratio(rows, key, over="proxy", path="cleaning") for key in keys}
     summary |= {f"page_over_proxy_{key}": _ratio(rows, key, over="proxy", path="page") for key in keys}
+    summary |= {f"foresight_over_proxy_{key}": _ratio(rows, key, over="proxy", path="foresight") for key in keys}
     return summary
 
 
@@ -207,9 +211,10 @@ def render(result: dict[str, Any], command: str) -> str:
                 f"{cell['added_total_p50_ms']:.2f} | {cell['cpu_ms_per_request']:.2f} |"
             )
     lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare | proxy / parsing | cleaning / proxy "
-              "| page open / proxy |", "|---|---|---|---|---|---|"]  # fmt: skip
+              "| page open / proxy | foresight / proxy |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     summary = result["summary"]
-    ratios = ("proxy_over_bare", "parsing_over_bare", "proxy_over_parsing", "cleaning_over_proxy", "page_over_proxy")
+    ratios = ("proxy_over_bare", "parsing_over_bare", "proxy_over_parsing", "cleaning_over_proxy", "page_over_proxy",
+              "foresight_over_proxy")  # fmt: skip
     for key in ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"):
         cells = [summary.get(f"{ratio}_{key}") for ratio in ratios]
         lines.append(f"| {key} | " + " | ".join("-" if v is None else f"{v:.2f}x" for v in cells) + " |")

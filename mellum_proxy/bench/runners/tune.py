@@ -68,8 +68,9 @@ def read_typing(path: Path) -> list[Event]:
 
 
 def candidates() -> list[Policy]:
-    """The defaults, the lab's grid of the adaptive hold, and the fixed debounce for comparison."""
-    return [Policy("defaults", {}), *grid({"dispatch": "adaptive"}, GRID_AXES),
+    """The defaults, foresight, the lab's grid of the adaptive hold, and the fixed debounce for comparison."""
+    return [Policy("defaults", {}), Policy("foresight", {"dispatch": "foresight"}),
+            *grid({"dispatch": "adaptive"}, GRID_AXES),
             *(Policy(f"fixed={ms}", {"dispatch": "fixed", "debounce_ms": ms}) for ms in FIXED)]  # fmt: skip
 
 
