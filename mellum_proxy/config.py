@@ -182,7 +182,7 @@ class Settings(BaseSettings):
     )
     fim_template: str = Field(
         "mellum",
-        description="mellum|starcoder|codellama|deepseek|qwen|codestral|prefix|none|custom (default: checked).",
+        description="mellum|starcoder|codellama|deepseek|qwen|codestral|glm|prefix|none|custom (default: checked).",
     )
     complete_in_comments: bool = Field(True, description="Complete when the cursor is in a comment/string.")
     postprocess: bool = Field(

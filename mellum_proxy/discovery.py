@@ -23,7 +23,13 @@ from pathlib import Path
 from mellum_proxy.budget import CharsEstimator, ContextBudget, UpstreamTokenizer
 from mellum_proxy.budget.local import build_aside, find_local, needs_building, served_model_path
 from mellum_proxy.budget.templates import PREFIX_ONLY, template_the_model_knows
-from mellum_proxy.budget.tokenizers import CountingTokenizer, TokenCounter, Tokenize, upstream_counter
+from mellum_proxy.budget.tokenizers import (
+    CountingTokenizer,
+    NoPiecesError,
+    TokenCounter,
+    Tokenize,
+    upstream_counter,
+)
 from mellum_proxy.errors import UpstreamError
 from mellum_proxy.models import NormalizedRequest
 from mellum_proxy.serving import Policies
@@ -170,7 +176,10 @@ class Discovery:
         async def single_token(marker: str) -> bool:
             try:
                 if counter.exact:
-                    return len(await counter.offsets(marker)) == 1
+                    try:
+                        return len(await counter.offsets(marker)) == 1
+                    except NoPiecesError:  # pieces it cannot place (byte fallback): its count still says
+                        return await counter.count(marker) - await counter.count("") == 1
                 return await counter.count(marker) - empty == 1
             except UpstreamError:
                 return True  # cannot tell: assume it does

@@ -53,6 +53,8 @@ class NormalizedRequest:
         context_files: other files' text the plugin sent along, as (path, text), nearest last.
         context_tokens: the client's own context limit (Ollama `num_ctx`), when it gave one.
         response_fields: the answer fields the client asked for (llama.cpp `response_fields`), if any.
+        edit_region: the edit-prediction format of a prompt the client built around an editable region
+            (`zeta`, `zeta2`, `sweep`; `mellum_proxy.edit_region`): passed through untouched. None: a completion.
     """
 
     id: str
@@ -68,6 +70,7 @@ class NormalizedRequest:
     context_files: tuple[tuple[str, str], ...] = ()
     context_tokens: int | None = None
     response_fields: tuple[str, ...] | None = None
+    edit_region: str | None = None
 
     @property
     def warm_up(self) -> bool:
@@ -167,6 +170,9 @@ class Completion:
         answered from an earlier completion): `completion_tokens` (default: the chunks with text), never 0
         after real text."""
         if self.usage is not None and self.usage.get("completion_tokens"):
+            if "total_tokens" not in self.usage:  # a client may require it (Zed's edit predictions do)
+                counts = [self.usage.get(name) for name in ("prompt_tokens", "completion_tokens")]
+                self.usage["total_tokens"] = sum(c for c in counts if isinstance(c, int))
             return
         generated = self.text_chunks if completion_tokens is None else completion_tokens
         self.usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated,

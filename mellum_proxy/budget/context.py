@@ -128,6 +128,12 @@ class ContextBudget:
         cap = settings.max_tokens
         max_tokens = cap if request.max_tokens is None else min(request.max_tokens, cap)
         context_limit = self.context_limit(request)
+        if request.edit_region is not None:  # the client built and sized it around its region: as it came
+            bound = len(request.prefix.encode()) + SLACK_TOKENS
+            return BudgetedPrompt(
+                prompt=request.prefix, suffix=None, max_tokens=max_tokens, stops=(), tokens_before=bound,
+                tokens_after=bound, truncated=False, method=BOUND_METHOD, context_tokens=context_limit,
+            )  # fmt: skip
         prompt_budget = max(1, int((context_limit - max_tokens) * squeeze))
         parts, template, suffix_field = self._parts(request)
         small = _fits_by_length(template, parts, prompt_budget, suffix_field)

@@ -142,7 +142,9 @@ QWEN = FimTemplate(
 )
 # Codestral's (Twinny's and Continue's `codestral` template): the suffix first, no middle marker.
 CODESTRAL = FimTemplate("codestral", body="[SUFFIX]{suffix}[PREFIX]{prefix}", stops=("</s>", "[PREFIX]", "[SUFFIX]"))
-BUILTIN = {t.name: t for t in (MELLUM, STARCODER, CODELLAMA, DEEPSEEK, QWEN, CODESTRAL)}
+# GLM-4's (Zed's `glm` prompt format).
+GLM = FimTemplate("glm", body="<|code_prefix|>{prefix}<|code_suffix|>{suffix}<|code_middle|>", stops=("<|endoftext|>",))
+BUILTIN = {t.name: t for t in (MELLUM, STARCODER, CODELLAMA, DEEPSEEK, QWEN, CODESTRAL, GLM)}
 NONE = "none"  # send prompt and suffix as fields and let the server build the prompt
 # For a model without fill-in-the-middle tokens: the text before the cursor, as plain text to continue.
 # Not in BUILTIN, which recognises clients' pre-rendered prompts (this one would match any text).
@@ -195,6 +197,8 @@ def cursor_of(request: NormalizedRequest) -> tuple[str | None, str, str] | None:
     no suffix (a plain completion without FIM markers has no cursor: None)."""
     if request.suffix is not None:
         return request.file_path, request.prefix, request.suffix
+    if request.edit_region is not None:
+        return None  # an edit-region prompt has FIM markers but no cursor to fill in at
     parsed = parse_any(request.prefix)
     if parsed is None:
         return None

@@ -135,7 +135,7 @@ class UpstreamTokenizer:
         """Raises `NoPiecesError` when the server gives ids without their text (`with_pieces` unsupported)."""
         body = await self._tokenize(text, special=False, pieces=True)
         if self.flavor == "vllm":
-            lengths = _vocab_byte_lengths(body.get("token_strs") if isinstance(body, dict) else None)
+            lengths = _vocab_byte_lengths(body.get("token_strs") if isinstance(body, dict) else None, text)
             if lengths is None or sum(lengths) != len(text.encode()):
                 raise NoPiecesError("upstream /tokenize answers a count without its tokens' text (`token_strs`)")
             return _char_offsets(text, lengths)
@@ -238,20 +238,31 @@ def _byte_level_alphabet() -> dict[str, int]:
     return shown
 
 
-def _vocab_byte_lengths(tokens: Any) -> list[int] | None:
-    """Each vocabulary token's length in UTF-8 bytes of text, from vLLM's `token_strs` (a byte-level BPE
-    vocabulary's `Ġdef`, or a SentencePiece one's `▁def` and `<0x0A>`); None when they cannot be read."""
+def _vocab_byte_lengths(tokens: Any, text: str = "") -> list[int] | None:
+    """Each vocabulary token's length in UTF-8 bytes of `text`, from vLLM's `token_strs` (a byte-level BPE
+    vocabulary's `Ġdef`, or a SentencePiece one's `▁def` and `<0x0A>`); None when they cannot be read.
+
+    A SentencePiece `▁` stands for a space, except where the text itself has one (DeepSeek's FIM markers do:
+    `<｜fim▁begin｜>`): each token is read the way the text at its place agrees with."""  # noqa: RUF002
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
         return None
     alphabet = _byte_level_alphabet()
     if all(ch in alphabet for token in tokens for ch in token):
         return [len(token) for token in tokens]  # one alphabet character per byte
-    lengths = []
+    raw, at, lengths = text.encode(), 0, []
+    mark = _SPACE_MARK.encode()
     for token in tokens:
         if _BYTE_PIECE.fullmatch(token):
-            lengths.append(1)
+            length = 1
         else:
-            lengths.append(len(token.replace(_SPACE_MARK, " ").encode()))
+            length = 0
+            for char in token:
+                if char == _SPACE_MARK and raw.startswith(mark, at + length):  # the text's own `▁`
+                    length += len(mark)
+                else:
+                    length += 1 if char == _SPACE_MARK else len(char.encode())
+        lengths.append(length)
+        at += length
     return lengths
 
 

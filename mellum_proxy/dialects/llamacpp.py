@@ -25,6 +25,7 @@ from mellum_proxy.dialects.base import (
     require_object,
     session_key,
 )
+from mellum_proxy.edit_region import edit_region_format
 from mellum_proxy.errors import InvalidRequestError, ProxyError
 from mellum_proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 
@@ -94,7 +95,7 @@ def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> 
     return NormalizedRequest(
         id=request_id, dialect=COMPLETION, session=session_key(headers), prefix=prompt, suffix=None, stream=stream,
         max_tokens=max_tokens, params=params, file_path=header(headers, "X-File-Path"),
-        language=header(headers, "X-Language"), response_fields=response_fields,
+        language=header(headers, "X-Language"), response_fields=response_fields, edit_region=edit_region_format(prompt),
     )  # fmt: skip
 
 

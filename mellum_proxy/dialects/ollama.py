@@ -29,6 +29,7 @@ from mellum_proxy.dialects.base import (
     require_object,
     session_key,
 )
+from mellum_proxy.edit_region import edit_region_format
 from mellum_proxy.errors import InvalidRequestError, ProxyError, UpstreamError
 from mellum_proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 
@@ -56,6 +57,7 @@ def parse_generate(body: Any, headers: Mapping[str, str], request_id: str) -> No
         id=request_id, dialect=DIALECT, session=session_key(headers), prefix=prompt, suffix=suffix or None,
         stream=stream, max_tokens=None if num_predict is None or num_predict < 0 else num_predict, params=params,
         file_path=header(headers, "X-File-Path"), language=header(headers, "X-Language"), context_tokens=num_ctx,
+        edit_region=None if suffix else edit_region_format(prompt),
     )  # fmt: skip
 
 

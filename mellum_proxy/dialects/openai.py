@@ -25,6 +25,7 @@ from mellum_proxy.dialects.base import (
     require_object,
     session_key,
 )
+from mellum_proxy.edit_region import edit_region_format
 from mellum_proxy.errors import InvalidRequestError
 from mellum_proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 
@@ -61,6 +62,7 @@ def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> 
         session=session_key(headers, user),
         prefix=prompt,
         suffix=suffix,
+        edit_region=None if suffix is not None else edit_region_format(prompt),
         stream=stream,
         max_tokens=max_tokens,
         params=params,
@@ -117,6 +119,13 @@ class CompletionEncoder(Encoder):
 
     def final(self, completion: Completion, outcome: Outcome, text: str) -> dict[str, Any]:
         return self._object(completion, text, finish_reason(completion, outcome), completion.usage)
+
+    def body(self, completion: Completion, outcome: Outcome) -> bytes:
+        """The whole answer, with `usage` always: Zed's edit predictions read it as required (an answer without
+        it, one the proxy ended before the server counted anything, fails its parse)."""
+        answer = self.final(completion, outcome, completion.text)
+        answer.setdefault("usage", {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
+        return orjson.dumps(answer)
 
 
 OPENAI = Dialect(

@@ -22,6 +22,7 @@ CONFIGS = {
     "twinny": "twinny.json",
     "tabby": "tabby.toml",
     "jetbrains": "jetbrains-ai-assistant.md",
+    "zed": "zed.json",
 }
 
 

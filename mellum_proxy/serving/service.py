@@ -198,7 +198,9 @@ class CompletionService:
         flight = self.flights.start(request, prompt, completion, lease)
         if self.policies.reuse is not None and not request.warm_up:
             self.policies.reuse.remember(request, flight)
-        cleaner = Cleaner(request.prefix, request.suffix) if self.policies.postprocess else None
+        # an edit-region answer repeats its region's lines and carries its markers: never cleaned
+        clean = self.policies.postprocess and request.edit_region is None
+        cleaner = Cleaner(request.prefix, request.suffix) if clean else None
         view = FromStart(LineGate(flight.capped), cleaner, first_text(self.telemetry, record, ticket, deadline))
         try:
             await relay(flight, view, answer, completion)

@@ -42,6 +42,7 @@ class RequestRecord:
     prompt_chars: int = 0
     suffix_chars: int = 0
     prompt_sha256: str = ""
+    edit_region: str | None = None  # the edit-prediction format of a prompt passed through untouched
     max_tokens: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -75,6 +76,7 @@ class RequestRecord:
             prompt_chars=len(request.prefix),
             suffix_chars=len(request.suffix or ""),
             prompt_sha256=prompt_digest(request) if digest else "",
+            edit_region=request.edit_region,
             max_tokens=request.max_tokens,
             content={"prompt": request.prefix, "suffix": request.suffix} if log_content else None,
         )

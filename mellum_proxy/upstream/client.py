@@ -22,7 +22,7 @@ from mellum_proxy.models import Batches, BudgetedPrompt, NormalizedRequest
 from mellum_proxy.sections import UpstreamSection
 from mellum_proxy.upstream import ollama
 from mellum_proxy.upstream.errors import status_error, translate_errors
-from mellum_proxy.upstream.metrics import held_requests, llamacpp_metrics
+from mellum_proxy.upstream.metrics import held_from_metrics
 from mellum_proxy.upstream.sse import chunk_from_bytes, read_sse
 
 _JSON = {"Content-Type": "application/json"}
@@ -100,8 +100,9 @@ class UpstreamClient:
         return {self.routing_header: key}
 
     async def held(self) -> int | None:
-        """Requests the server holds now, running and queued (llama.cpp `/metrics` `requests_processing +
-        requests_deferred`; else `/slots` `is_processing`, which misses its queue); None if it cannot say."""
+        """Requests the server holds now, running and queued (`/metrics`: llama.cpp's `requests_processing +
+        requests_deferred`, vLLM's `num_requests_running + num_requests_waiting`; else llama.cpp's `/slots`
+        `is_processing`, which misses its queue); None if it cannot say."""
         for source in [self._held_source] if self._held_source else ["/metrics", "/slots"]:
             try:
                 async with self.session.get(self.url(source), timeout=aiohttp.ClientTimeout(total=1)) as resp:
@@ -337,5 +338,4 @@ def _held_from(source: str, text: str) -> int | None:
         if not isinstance(slots, list):
             return None
         return sum(1 for slot in slots if isinstance(slot, dict) and slot.get("is_processing"))
-    metrics = llamacpp_metrics(text)
-    return None if metrics is None else held_requests(metrics)
+    return held_from_metrics(text)

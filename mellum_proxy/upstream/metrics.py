@@ -1,11 +1,14 @@
-"""llama.cpp's `/metrics` (Prometheus text), read with prometheus_client's own parser: the proxy reads
-what the server holds from it (`UpstreamClient.held`), the bench what the server did."""
+"""The model server's `/metrics` (Prometheus text), read with prometheus_client's own parser: the proxy reads
+what the server holds from it (`UpstreamClient.held`: llama.cpp's `llamacpp:requests_processing` and
+`requests_deferred`, vLLM's `vllm:num_requests_running` and `num_requests_waiting`), the bench what the server
+did."""
 
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
 PREFIX = "llamacpp:"
+VLLM_RUNNING, VLLM_WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 
 
 def llamacpp_metrics(text: str) -> dict[str, float] | None:
@@ -19,8 +22,27 @@ def llamacpp_metrics(text: str) -> dict[str, float] | None:
 
 
 def held_requests(metrics: dict[str, float]) -> int | None:
-    """Requests the server holds, running and queued; None when it does not say both."""
+    """Requests llama.cpp holds, running and queued (from `llamacpp_metrics`); None when it does not say both."""
     try:
         return int(metrics["requests_processing"] + metrics["requests_deferred"])
     except KeyError:
         return None
+
+
+def held_from_metrics(text: str) -> int | None:
+    """Requests the server holds, running and queued, from its `/metrics`: llama.cpp's, or vLLM's (summed over
+    its label sets: one per model and engine); None when it says neither."""
+    metrics = llamacpp_metrics(text)
+    if metrics is None:
+        return None
+    held = held_requests(metrics)
+    if held is not None:
+        return held
+    running = waiting = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == VLLM_RUNNING:
+                running = (running or 0.0) + sample.value
+            elif sample.name == VLLM_WAITING:
+                waiting = (waiting or 0.0) + sample.value
+    return None if running is None or waiting is None else int(running + waiting)

@@ -253,6 +253,52 @@ def mellum_sdk(status: int, raw: bytes) -> str:
     return str(data["response"])
 
 
+# --- Zed edit predictions (zed-industries/zed, crates/edit_prediction) -------------------------------------
+
+ZED_END_TOKENS = ("<|endoftext|>", "<|file_separator|>", "<|fim_pad|>", "<|fim_prefix|>", "<|fim_middle|>",
+                  "<|fim_suffix|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<PRE>", "<SUF>", "<MID>",
+                  "[PREFIX]", "[SUFFIX]")  # fmt: skip
+
+
+def u32(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32
+
+
+def zed_raw(status: int, raw: bytes) -> str:
+    """open_ai_compatible.rs `send_custom_server_request`: a non-2xx status is an error ("custom server error",
+    logged, no prediction); the body parsed as `RawCompletionResponse` (serde: `id`, `object`, `model` strings,
+    `created` a u64, `choices[]` of `text` and an optional `finish_reason`, and `usage` with three u32 counts,
+    none of them optional); the first choice's text, else ""."""
+    if status >= 300:
+        return ""
+    data = json_object(raw, "Zed")
+    for name in ("id", "object", "model"):
+        need(isinstance(data.get(name), str), f"Zed: {name} is not a string: {data.get(name)!r}")
+    need(u32(data.get("created")), f"Zed: created is not a u64: {data.get('created')!r}")
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        raise PluginBrokeError("Zed: choices is not a list")
+    for choice in choices:
+        need(isinstance(choice, dict) and isinstance(choice.get("text"), str), "Zed: a choice without text")
+        need(choice.get("finish_reason") is None or isinstance(choice["finish_reason"], str), "Zed: finish_reason")
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        raise PluginBrokeError("Zed: usage is missing (RawCompletionUsage is not optional)")
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        need(u32(usage.get(name)), f"Zed: usage.{name} is not a u32: {usage.get(name)!r}")
+    return str(choices[0]["text"]) if choices else ""
+
+
+def zed(status: int, raw: bytes) -> str:
+    """A fill-in-the-middle prediction: fim.rs `clean_fim_completion` cuts the text at the first end token."""
+    text = zed_raw(status, raw)
+    for token in ZED_END_TOKENS:
+        at = text.find(token)
+        if at >= 0:
+            text = text[:at]
+    return text
+
+
 @dataclass(frozen=True)
 class Plugin:
     """One plugin's request (a fixture) and its answer reader."""
@@ -277,6 +323,7 @@ PLUGINS = (
     Plugin("Twinny", "/api/generate", "twinny/ollama-fim.json", twinny),
     Plugin("Tabby", "/completion", "tabby/completion.json", tabby),
     Plugin("JetBrains mellum-sdk", "/api/generate", "mellum-sdk/generate.json", mellum_sdk),
+    Plugin("Zed", "/v1/completions", "zed/fim-star-coder.json", zed),
 )
 
 

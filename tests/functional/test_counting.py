@@ -73,6 +73,11 @@ def test_vocabulary_tokens_are_read_back_to_their_text_lengths() -> None:
     assert _vocab_byte_lengths(["def", "Ġf", "(", "x", "):", "Ċ", "ĠĠĠ", "Ġâľĵ"]) == [3, 2, 1, 1, 2, 1, 3, 4]
     assert _vocab_byte_lengths(["▁def", "▁f", "<0x0A>", "中"]) == [4, 2, 1, 3]  # SentencePiece
     assert _vocab_byte_lengths(None) is None
+    # a `▁` of the text itself (DeepSeek's markers): what vLLM 0.32's gemma tokenizer answered for it
+    marker = "<｜fim▁begin｜>"  # noqa: RUF001
+    lengths = _vocab_byte_lengths(["<", "｜", "fim", "▁begin", "｜", ">"], marker)  # noqa: RUF001
+    assert lengths is not None and sum(lengths) == len(marker.encode()) and lengths[3] == len("▁begin".encode())
+    assert _vocab_byte_lengths(["x", "▁▁y"], "x ▁y") == [1, 5]  # a space, then the text's own `▁`
 
 
 async def test_ladder_prompts_are_cut_by_count_on_a_count_only_server(aiohttp_server: Any) -> None:

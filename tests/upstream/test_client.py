@@ -116,3 +116,17 @@ async def test_held_reads_llama_cpp_gauges_and_says_when_it_cannot(aiohttp_serve
         silent = UpstreamClient(session, str(bare.make_url("")))
         assert await silent.held() is None
         assert await silent.let_go(lambda held: held == 0, timeout_s=1) is False  # the fallback rule applies
+
+
+def test_what_vllm_holds_is_read_from_its_own_metrics() -> None:
+    """vLLM 0.32.0's real `/metrics`, captured with two completions running (tests/fixtures/servers/)."""
+    from pathlib import Path
+
+    from mellum_proxy.upstream.metrics import held_from_metrics
+
+    text = (Path(__file__).resolve().parents[1] / "fixtures" / "servers" / "vllm-0.32.0-metrics.txt").read_text()
+    assert held_from_metrics(text) == 2
+    two_engines = text + 'vllm:num_requests_waiting{engine="1",model_name="gemma3-270m"} 3.0\n'
+    assert held_from_metrics(two_engines) == 5  # summed over the engines' label sets
+    assert held_from_metrics("# HELP other_metric x\nother_metric 1.0\n") is None  # says neither
+    assert held_from_metrics("<html>not metrics</html>") is None

@@ -109,6 +109,7 @@ class FakeUpstream:
             self.sent_tokens += 1
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
-        usage = {"prompt_tokens": self.count_prompt(str(payload.get("prompt", ""))), "completion_tokens": n}
+        prompt_tokens = self.count_prompt(str(payload.get("prompt", "")))
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
         self.completed += 1
         return await answer.finish(finish, usage)

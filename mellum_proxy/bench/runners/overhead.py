@@ -8,7 +8,7 @@ noise hits all alike:
 post-processing, the `chars` tokenizer -> upstream); and two more such proxies, so that what each costs a
 request shows against `proxy`: `cleaning`, with post-processing on (the default), `page`, with its live
 page open (a reader of `/ui/events` in a process of its own, as a browser would be), and `foresight`, with the
-pause model asked at every request (`dispatch=foresight`, its hold 0 so that nothing waits: its cost alone).
+pause model asked at every request (`dispatch=foresight`, its holds 0 so that nothing waits: its cost alone).
 Each round sends `requests` sequential streaming fill-in-the-middle completions (a prompt and a suffix, as
 the plugins send them) per path. Added latency is a path's
 percentile less direct's in the same round; CPU per request is the process's CPU time spent on the path's
@@ -58,7 +58,7 @@ PROXY_SETTINGS: dict[str, Any] = {  # no hold, no deadline, no reuse (every requ
     "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64, "reuse": False,
     "postprocess": False,
 }  # fmt: skip
-FORESIGHT: dict[str, Any] = {"dispatch": "foresight", "foresight_hold_ms": 0}
+FORESIGHT: dict[str, Any] = {"dispatch": "foresight", "foresight_hold_ms": 0, "hold_min_ms": 0}  # the model alone
 
 
 @dataclass
