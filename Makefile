@@ -16,12 +16,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/mellum-proxy serve --embedded $(ARGS)
 
+# The whole suite, but the opt-in tier against a real vLLM (`make test-vllm`).
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS)
 
 # The edit-run loop: everything but the tests against the real llama.cpp server and the slow ones (markers).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not embedded and not slow" -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not embedded and not slow and not vllm" -q $(PYTEST_ARGS)
 
 # The opt-in tier against a real vLLM (CPU build, gemma-3-270m): its own environment, 3.7 GB, built once
 # (about 3 minutes with the wheels cached), then the tests (about 4 minutes: vLLM starts twice).

@@ -20,9 +20,9 @@ from mellum_proxy.upstream import UpstreamClient
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.dialects.plugins import FIXTURES, zed
-from tests.vllm.conftest import CONTEXT, SERVED, VllmServer
+from tests.vllm.conftest import CONTEXT, SERVED, WANTED, VllmServer
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not WANTED, reason="opt in: make test-vllm")]
 
 LONG = {"prompt": "def parse(text):\n", "temperature": 0, "max_tokens": 300, "ignore_eos": True, "stream": True}
 CODE = "".join(f"def handler_{i}(request):\n    return respond(request, {i})\n\n" for i in range(120))
