@@ -323,7 +323,10 @@ PLUGINS = (
     Plugin("Twinny", "/api/generate", "twinny/ollama-fim.json", twinny),
     Plugin("Tabby", "/completion", "tabby/completion.json", tabby),
     Plugin("JetBrains mellum-sdk", "/api/generate", "mellum-sdk/generate.json", mellum_sdk),
-    Plugin("Zed", "/v1/completions", "zed/fim-star-coder.json", zed),
+    *(
+        Plugin(f"Zed ({name})", "/v1/completions", f"zed/fim-{name.replace('_', '-')}.json", zed)
+        for name in ("star_coder", "code_llama", "deepseek_coder", "qwen", "code_gemma", "codestral", "glm")
+    ),
 )
 
 

@@ -26,7 +26,9 @@ async def ask(proxy: Any, plugin: Plugin, body: dict[str, Any] | None = None) ->
 def typed_through(plugin: Plugin, typed: str) -> dict[str, Any]:
     """The plugin's next request after the person typed `typed` at the cursor."""
     body = request_body(plugin)
-    if "input_prefix" in body or "suffix" in body:
+    if plugin.name.startswith("Zed"):  # each of Zed's formats places the prefix elsewhere: at the demo's cursor
+        body["prompt"] = body["prompt"].replace("    total = ", "    total = " + typed, 1)
+    elif "input_prefix" in body or "suffix" in body:
         body["prompt"] += typed
     else:  # a prompt the plugin rendered itself, prefix first (`<fim_prefix>...<fim_suffix>...`)
         body["prompt"] = body["prompt"].replace("<fim_suffix>", typed + "<fim_suffix>", 1)
