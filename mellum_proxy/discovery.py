@@ -169,7 +169,7 @@ class Discovery:
         if not counter.exact_count:
             return
         try:
-            empty = 0 if counter.exact else await counter.count("")  # a count-only server counts BOS with it
+            empty = await counter.count("")  # what a count adds to any text (BOS), asked once
         except UpstreamError:
             return
 
@@ -179,7 +179,7 @@ class Discovery:
                     try:
                         return len(await counter.offsets(marker)) == 1
                     except NoPiecesError:  # pieces it cannot place (byte fallback): its count still says
-                        return await counter.count(marker) - await counter.count("") == 1
+                        pass
                 return await counter.count(marker) - empty == 1
             except UpstreamError:
                 return True  # cannot tell: assume it does

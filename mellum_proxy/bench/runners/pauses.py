@@ -26,7 +26,7 @@ from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.editor import window
 from mellum_proxy.bench.workloads.trace import Documents, Edit, Event, Trace, TraceError, limited
 from mellum_proxy.console import POSITIVE, SHARE, fail
-from mellum_proxy.policies.pause_model import FEATURES, MIN_PAUSES, PAUSE_S, PauseModel, Prior
+from mellum_proxy.policies.pause_model import FEATURES, MIN_PAUSES, PAUSE_S, PauseModel, Prior, probability
 
 L2 = 1.0
 STEPS = 30
@@ -58,9 +58,6 @@ def _pauses(args: argparse.Namespace) -> None:
         fail(f"cannot write {path}: {exc.strerror}")
     print(f"wrote {path}")
     write_report(args.out, "pauses", result, render)
-
-
-Samples = tuple[list[list[float]], list[float]]
 
 
 def samples(events: Sequence[Event], limit_events: int) -> tuple[list[tuple[float, str, str | None]], list[float]]:
@@ -138,7 +135,6 @@ def measure(traces: Sequence[tuple[str, Sequence[Event]]], limit_events: int, he
     for name, events in traces:
         requests, labels = samples(events, limit_events)
         data[name] = (requests, labels, feature_rows(requests))
-    import numpy as np
 
     about = {"features": list(FEATURES), "traces": list(data), "limit_events": limit_events,
              "held_pauses": held_pauses, "pause_s": PAUSE_S}  # fmt: skip
@@ -154,7 +150,7 @@ def measure(traces: Sequence[tuple[str, Sequence[Event]]], limit_events: int, he
         pauses = sum(trace_labels)
         scores.append({
             "trace": name, "edits": len(trace_labels), "pauses": int(pauses),
-            "auc": auc(list(1 / (1 + np.exp(-np.array(data[name][2]) @ np.array(fold.weights)))), trace_labels),
+            "auc": auc([probability(fold.weights, row) for row in data[name][2]], trace_labels),
             "prior": score(predictions(fold, requests, False), trace_labels),
             "online": score(predictions(fold, requests, True), trace_labels),
             "oracle": {"recall": 1.0, "precision": 1.0, "held_others": 1.0},
