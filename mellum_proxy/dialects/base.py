@@ -226,18 +226,51 @@ class FieldReader:
         return params
 
     def rest(self, drop: tuple[str, ...] = ()) -> dict[str, Any]:
-        """Fields not read so far (passed through to the upstream unchanged), less `drop`.
+        """Fields not read so far (passed through to the upstream unchanged), less `drop` and `SERVER_OWNED`.
 
         `stream_options` is passed through too, but the proxy adds to it, so it must be an object.
         """
         options = self.body.get("stream_options")
         if options is not None and not isinstance(options, dict):
             raise InvalidRequestError(f"'{self._name('stream_options')}' must be an object")
-        rest = {key: value for key, value in self.body.items() if key not in self.used and key not in drop}
+        rest = {
+            key: value for key, value in self.body.items()
+            if key not in self.used and key not in drop and key not in SERVER_OWNED
+        }  # fmt: skip
         for key, value in rest.items():
             if isinstance(value, dict | list) and too_deep(value, MAX_NESTING):
                 raise InvalidRequestError(f"'{self._name(key)}' is nested more than {MAX_NESTING} levels deep")
         return rest
+
+
+# What the proxy owns on the server, never a client's to set: fields that would lift its token cap or pin the
+# server's resources (llama.cpp's tools/server `params_from_json_cmpl`, vLLM's `CompletionRequest`). Dropped from
+# what is passed on; `n_predict` and `max_completion_tokens` may only lower `max_tokens` (`capped_max_tokens`).
+SERVER_OWNED = frozenset(
+    {
+        "n_predict",  # llama.cpp reads it before `max_tokens`: it would lift the proxy's cap
+        "max_completion_tokens",
+        "id_slot",
+        "slot_id",  # pins one of the slots the proxy shares among sessions
+        "n_cmpl",
+        "n",
+        "best_of",  # several completions for one (the proxy streams and reads one)
+        "min_tokens",
+        "ignore_eos",  # decodes past the end the model chose
+        "n_keep",
+        "t_max_prompt_ms",
+        "priority",  # the server's cache, time and queue order are the proxy's to set
+    }
+)
+
+
+def capped_max_tokens(fields: FieldReader, max_tokens: int | None, *names: str) -> int | None:
+    """`max_tokens` lowered to any of `names` the client also sent (never raised by one)."""
+    for name in names:
+        other = fields.integer(name, minimum=-1)
+        if other is not None and other >= 0:
+            max_tokens = other if max_tokens is None else min(max_tokens, other)
+    return max_tokens
 
 
 MAX_NESTING = 64  # of a field passed on; orjson writes at most 254 levels, and no sampling option needs many

@@ -20,6 +20,7 @@ from mellum_proxy.dialects.base import (
     Dialect,
     Encoder,
     FieldReader,
+    capped_max_tokens,
     finish_reason,
     header,
     require_object,
@@ -30,10 +31,9 @@ from mellum_proxy.errors import InvalidRequestError, ProxyError
 from mellum_proxy.models import Chunk, Completion, NormalizedRequest, Outcome
 
 INFILL, COMPLETION = "llamacpp-infill", "llamacpp-completion"
-# The proxy owns slots (several sessions must not be pinned to one) and answers the shape itself.
-# `n_cmpl`: llama.vscode asks for several completions (3 by default); the proxy streams one and reads
-# one choice, so several would interleave into one garbled text (or be refused by a 2-slot server).
-_NOT_FORWARDED = ("id_slot", "response_fields", "t_max_prompt_ms", "n_cmpl")
+# The proxy answers the shape itself; what it owns on the server (slots, `n_cmpl`: llama.vscode asks for 3
+# completions, which would interleave into one garbled text) is never forwarded (`base.SERVER_OWNED`).
+_NOT_FORWARDED = ("response_fields",)
 
 
 def _extra_files(value: Any) -> tuple[tuple[str, str], ...]:
@@ -56,7 +56,7 @@ def _response_fields(value: Any) -> tuple[str, ...] | None:
 
 def _max_tokens(fields: FieldReader) -> int | None:
     n_predict = fields.integer("n_predict", minimum=-1)
-    return None if n_predict in (None, -1) else n_predict
+    return capped_max_tokens(fields, None if n_predict in (None, -1) else n_predict, "max_tokens")
 
 
 def parse_infill(body: Any, headers: Mapping[str, str], request_id: str) -> NormalizedRequest:

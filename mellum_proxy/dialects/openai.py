@@ -19,6 +19,7 @@ from mellum_proxy.dialects.base import (
     Dialect,
     Encoder,
     FieldReader,
+    capped_max_tokens,
     finish_reason,
     header,
     openai_error,
@@ -47,13 +48,15 @@ def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> 
         prompt = ""
     if not isinstance(prompt, str):
         raise InvalidRequestError("'prompt' must be a string (or a list of exactly one string)")
-    n = fields.integer("n", minimum=1)
-    if n not in (None, 1):
-        raise InvalidRequestError("'n' must be 1: the proxy serves one completion per request")
+    for several in ("n", "best_of"):
+        if fields.integer(several, minimum=1) not in (None, 1):
+            raise InvalidRequestError(f"'{several}' must be 1: the proxy serves one completion per request")
     params = fields.sampling(("temperature", "top_p"))
     user = fields.string("user")
     suffix = fields.string("suffix")
-    max_tokens = fields.integer("max_tokens", minimum=0)
+    max_tokens = capped_max_tokens(
+        fields, fields.integer("max_tokens", minimum=0), "n_predict", "max_completion_tokens"
+    )
     stream = fields.boolean("stream")
     params.update(fields.rest())
     return NormalizedRequest(

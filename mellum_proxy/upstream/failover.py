@@ -34,7 +34,7 @@ from mellum_proxy.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
-from mellum_proxy.models import Batches, BudgetedPrompt, NormalizedRequest
+from mellum_proxy.models import Batches, BudgetedPrompt, Chunk, NormalizedRequest
 from mellum_proxy.observe import Changes
 from mellum_proxy.upstream.client import UpstreamClient
 
@@ -61,6 +61,43 @@ def worth_failing_over(error: UpstreamError) -> bool:
     if isinstance(error, UpstreamUnavailableError | UpstreamTimeoutError | UpstreamProtocolError):
         return True
     return isinstance(error, UpstreamStatusError) and error.upstream_status >= 500
+
+
+async def answered(
+    client: UpstreamClient, request: NormalizedRequest, prompt: BudgetedPrompt, within_s: float | None
+) -> Batches:
+    """`client`'s completion, held back until its first chunk with text or a finish reason, which must come
+    within `within_s` (None: no limit here); chunks before it (usage, empty text) go out with it.
+
+    Raises:
+        UpstreamTimeoutError: no such chunk within `within_s`.
+        UpstreamProtocolError: the stream ended without one (a warm-up request, which asks for nothing, aside).
+    """
+    held: list[Chunk] = []
+    first: list[Chunk] | None = None
+    deadline = None if within_s is None else asyncio.get_running_loop().time() + within_s
+    async with aclosing(client.stream_completion(request, prompt, within_s)) as batches:
+        try:
+            async with asyncio.timeout_at(deadline):
+                async for batch in batches:
+                    held.extend(batch)
+                    if any(chunk.has_text or chunk.finish_reason is not None for chunk in batch):
+                        first = held
+                        break
+        except TimeoutError as exc:
+            raise UpstreamTimeoutError(
+                f"upstream {client.shown_url} started no completion within {within_s or 0:.2f} s"
+            ) from exc
+        if first is None:
+            if not request.warm_up:
+                raise UpstreamProtocolError(f"upstream {client.shown_url} ended its answer without any text or "
+                                            "finish reason (an empty event stream)")  # fmt: skip
+            if held:
+                yield held
+            return
+        yield first
+        async for batch in batches:
+            yield batch
 
 
 @dataclass(slots=True)
@@ -134,6 +171,10 @@ class Upstreams:
     async def stream_completion(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> Batches:
         """The completion from the first member that is up; on to the next one while none has answered.
 
+        An answer is its first chunk with text or a finish reason: a member with a fallback after it must send
+        one within `failover_answer_s` (headers alone are no answer), and a stream that ends before one is the
+        member's failure too (`UpstreamProtocolError`), whichever member it is.
+
         Raises:
             UpstreamError: the last one tried failed, or one failed after its first chunk.
         """
@@ -144,7 +185,8 @@ class Upstreams:
             started = False
             answer_s = self.failover_answer_s if index < len(candidates) - 1 else None
             try:
-                async with aclosing(member.client.stream_completion(request, prompt, answer_s)) as batches:
+                batches = answered(member.client, request, prompt, answer_s)
+                async with aclosing(batches):
                     async for batch in batches:
                         if not started:
                             started = True
@@ -160,6 +202,7 @@ class Upstreams:
                     self._down(member, error.message)
                 first_error = first_error or error
                 if index == len(candidates) - 1:
+                    self._remember(request.id, member)  # the record names the last one asked
                     raise first_error from error  # the one that was asked first says most
                 continue
             if not started:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.fault_upstream import SilentServer, captive_portal
+from mellum_proxy.bench.doubles.fault_upstream import FaultUpstream, SilentServer, captive_portal
 from mellum_proxy.http import POLICIES, RECORDS, SERVICE, UPSTREAMS
 from mellum_proxy.observe import Changes
 from tests.conftest import ProxyFactory
@@ -92,6 +92,32 @@ async def test_a_silent_first_upstream_is_failed_over(
     proxy = await make_proxy(upstream=[silent_url, second_url], tokenizer="chars", reuse=False, timeout_ms=0,
                              upstream_answer_timeout_ms=300)  # fmt: skip
     assert await served_by_second(proxy, second_url) >= 0.95
+
+
+@pytest.mark.parametrize("fault", ["stall_after_headers", "slow_first", "empty_stream", "done_only"])
+async def test_an_answer_that_says_nothing_is_failed_over(
+    make_proxy: ProxyFactory, aiohttp_server: Any, fake_upstream: Any, fault: str
+) -> None:
+    """Headers and then nothing, a first token later than the failover share of the deadline, an empty stream
+    or `[DONE]` alone: the primary's failure, counted, and the fallback answers; the record names it."""
+    primary = await aiohttp_server(FaultUpstream(fault).app())
+    primary_url = str(primary.make_url("")).rstrip("/")
+    _second, second_url = await fake_upstream()
+    proxy = await make_proxy(upstream=[primary_url, second_url], tokenizer="chars", reuse=False, timeout_ms=1500,
+                             health_interval_ms=60_000)  # fmt: skip
+    assert await served_by_second(proxy, second_url, requests=6) == 1.0
+    pool = proxy.app[UPSTREAMS]
+    assert pool.members[0].failed >= 1 and not pool.members[0].up
+    assert all(record.outcome == "ok" for record in proxy.app[RECORDS])
+
+
+async def test_an_empty_answer_from_a_lone_upstream_is_its_error(make_proxy: ProxyFactory, aiohttp_server: Any) -> None:
+    server = await aiohttp_server(FaultUpstream("done_only").app())
+    proxy = await make_proxy(upstream=str(server.make_url("")), tokenizer="chars", reuse=False)
+    resp = await proxy.post("/v1/completions", json=BODY)
+    assert resp.status == 502
+    assert "without any text" in (await resp.json())["error"]["message"]
+    assert proxy.app[RECORDS].last().outcome == "upstream_error"
 
 
 async def test_a_silent_lone_upstream_is_an_error_not_a_hang(make_proxy: ProxyFactory, silent_url: str) -> None:

@@ -51,6 +51,10 @@ EXPECTED: dict[str, tuple[int, str] | str] = {
     "json_answer": (200, "ok"),
     "stall_before_headers": (200, "timeout"),
     "stall_after_first": (200, "timeout"),
+    "stall_after_headers": (200, "timeout"),
+    "slow_first": (200, "timeout"),
+    "empty_stream": (502, "upstream_error"),  # an answer with nothing in it is the server's failure, said
+    "done_only": (502, "upstream_error"),
     "no_done": (200, "ok"),
     "invalid_utf8": MID,
     "html_answer": (502, "upstream_error"),

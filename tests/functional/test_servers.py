@@ -155,6 +155,26 @@ async def test_llama_vscodes_request_with_n_cmpl_gives_one_clean_completion(
     assert "n_cmpl" not in fake.payloads[-1]
 
 
+OWNED = {"n_predict": 100000, "id_slot": 0, "slot_id": 1, "min_tokens": 50, "ignore_eos": True, "n_keep": -1,
+         "max_completion_tokens": 9999, "priority": -10, "n_cmpl": 3}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/infill", "/completion"])
+async def test_what_the_proxy_owns_on_the_server_never_reaches_it(
+    path: str, make_proxy: ProxyFactory, fake_upstream: Any
+) -> None:
+    """A body that would lift the token cap or pin a slot: the upstream sees the proxy's cap and none of it."""
+    fake, url = await fake_upstream(tokens=2)
+    proxy = await make_proxy(upstream=url, tokenizer="chars", max_tokens=16)
+    prompt = {"prompt": "def f("} if path != "/infill" else {"input_prefix": "def f(", "input_suffix": ")"}
+    resp = await proxy.post(path, json={**prompt, "max_tokens": 4, **OWNED})
+    assert resp.status == 200, await resp.text()
+    sent = fake.payloads[-1]
+    assert sent["max_tokens"] == 4 and not set(OWNED) & set(sent), sent
+    several = await proxy.post("/v1/completions", json={"prompt": "x", "best_of": 3})
+    assert several.status == 400 and "'best_of' must be 1" in (await several.json())["error"]["message"]
+
+
 async def test_kinds_are_told_apart_by_what_they_answer(aiohttp_server: Any, embedded_server: Any) -> None:
     import aiohttp
 

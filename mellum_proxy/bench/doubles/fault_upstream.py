@@ -39,11 +39,16 @@ FAULTS: dict[str, str] = {
     "json_answer": "a JSON body although `stream: true` was asked",
     "stall_before_headers": "no answer at all until the client gives up",
     "stall_after_first": "the first event, then silence",
+    "stall_after_headers": "the answer's status and headers, then silence",
+    "slow_first": "the answer's headers at once, its first event after 2 s",
+    "empty_stream": "200 and an event stream that ends without an event",
+    "done_only": "200 and an event stream of `data: [DONE]` alone",
     "no_done": "the stream ends without `[DONE]`",
     "invalid_utf8": "an event whose text holds bytes that are not UTF-8",
     "html_answer": "a 200 answer in text/html",
 }
 
+SLOW_FIRST_S = 2.0
 _MARKER = re.compile(r"\[fault:([a-z0-9_]+)\]")
 
 
@@ -113,6 +118,14 @@ class FaultUpstream:
         await answer.start()
         response = answer.response
         assert response is not None
+        if fault == "stall_after_headers":
+            await asyncio.Event().wait()
+        if fault in ("empty_stream", "done_only"):
+            await response.write(DONE if fault == "done_only" else b": nothing\n\n")
+            await response.write_eof()
+            return response
+        if fault == "slow_first":
+            await asyncio.sleep(SLOW_FIRST_S)
         await response.write(event("t0 "))
         if self.after_first is not None:
             await self.after_first.wait()  # a test reads the first event through the proxy first
