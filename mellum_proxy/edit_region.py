@@ -16,23 +16,46 @@ The formats are told by the markers the clients write (their source: Zed's `crat
 
 from __future__ import annotations
 
-CURSOR_MARKERS = {
-    "<|user_cursor_is_here|>": "zeta",  # Zed's Zeta 1 and Continue's Instinct
-    "<|editable_region_start|>": "zeta",
-    "<|user_cursor|>": "zeta2",  # Zed's Zeta 2 formats
-}
+# Each format's editable region: the line that opens it, the cursor marker inside it, the line that closes it.
+REGIONS = (
+    ("zeta", "<|editable_region_start|>", "<|user_cursor_is_here|>", "<|editable_region_end|>"),  # Zeta 1, Instinct
+    ("zeta2", "<|fim_middle|>current", "<|user_cursor|>", "<|fim_suffix|>"),  # Zed's Zeta 2 formats
+    ("zeta2", "<|editable_region_start|>", "<|user_cursor|>", "<|editable_region_end|>"),
+)
 SWEEP_CURRENT, SWEEP_UPDATED = "<|file_sep|>current/", "<|file_sep|>updated/"
 
 
 def edit_region_format(prompt: str) -> str | None:
-    """The edit-prediction format `prompt` is written in (`zeta`, `zeta2`, `sweep`); None for any other."""
+    """The edit-prediction format `prompt` is laid out in (`zeta`, `zeta2`, `sweep`); None for any other.
+
+    Told by the layout, not by a marker anywhere: a region's opening and closing markers each on a line of
+    their own, in that order, with the cursor marker between them. Code that merely mentions the markers (Zed's
+    own source, this module) is an ordinary prompt.
+    """
     if "<|" not in prompt:
         return None
-    for marker, name in CURSOR_MARKERS.items():
-        if marker in prompt:
+    for name, opening, cursor, closing in REGIONS:
+        start = _line_at(prompt, opening)
+        if start < 0:
+            continue
+        at = prompt.find(cursor, start)
+        if at >= 0 and _line_at(prompt, closing, at) >= 0:
             return name
     if SWEEP_CURRENT in prompt:  # Sweep: ...<|file_sep|>current/PATH\n<window><|file_sep|>updated/PATH\n
         last = prompt.rstrip("\n").rsplit("\n", 1)[-1]
         if last.startswith(SWEEP_UPDATED):
             return "sweep"
     return None
+
+
+def _line_at(text: str, marker: str, start: int = 0) -> int:
+    """Where a line that is `marker` alone (trailing spaces aside) begins in `text` at or after `start`; -1."""
+    at = text.find(marker, start)
+    while at >= 0:
+        end = at + len(marker)
+        line_end = text.find("\n", end)
+        starts_line = at == 0 or text[at - 1] == "\n"
+        if starts_line and not text[end : len(text) if line_end < 0 else line_end].strip():
+            return at
+        at = text.find(marker, end)
+    return -1

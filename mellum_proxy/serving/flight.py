@@ -228,7 +228,8 @@ class Flights:
     ) -> AsyncGenerator[Sequence[Chunk], None]:
         """The upstream's batches for `flight.prompt`; a prompt it refuses as over its context is fitted again,
         harder, once (a count-only tokenizer's estimate, or a tokenizer that disagrees with the server, can
-        overshoot), and becomes the flight's prompt."""
+        overshoot), and becomes the flight's prompt. An edit-region prompt goes as the client sized it: fitting it
+        again would send the same bytes, so its refusal is the answer."""
         prompt = flight.prompt
         assert prompt is not None, "a flight's prompt is dropped only once it has ended"
         try:
@@ -238,7 +239,8 @@ class Flights:
             return
         except UpstreamStatusError as error:
             counted = context_overflow(error)
-            if counted is None or flight.batches:  # only a refusal before anything streamed is asked again
+            if counted is None or flight.batches or request.edit_region is not None:  # asked again: only a refusal
+                # before anything streamed, of a prompt the proxy fitted
                 raise
         flight.prompt = prompt = await self.budget.refit(request, prompt, counted)
         async with aclosing(self.upstream.stream_completion(request, prompt)) as batches:

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from mellum_proxy.budget.templates import MELLUM, FimParts
 from mellum_proxy.config import Settings
+from mellum_proxy import edit_region
 from mellum_proxy.edit_region import edit_region_format
 from mellum_proxy.editor.configs import render
 from mellum_proxy.http import PROBES, RECORDS
@@ -77,6 +78,39 @@ def test_every_fixture_is_told_apart() -> None:
     for name, kind in EDIT_REGIONS.items():
         assert edit_region_format(body(name)["prompt"]) == kind
     assert edit_region_format("def f(<|fim_prefix|>x") is None  # a FIM marker alone is not an edit region
+
+
+def test_code_that_mentions_the_markers_is_an_ordinary_prompt() -> None:
+    """Zed's own source and this project's name the markers in strings: such a file is fitted, rendered and
+    cleaned like any other, however big; only the layout (own-line region markers around the cursor) counts."""
+    source = (
+        Path(edit_region.__file__).read_text() + '\nconst CURSOR: &str = "<|user_cursor_is_here|>";\n'
+        'const START: &str = "<|editable_region_start|>";\nconst END: &str = "<|editable_region_end|>";\n'
+    )
+    assert edit_region_format(source * 50) is None
+    assert edit_region_format("x = '<|user_cursor|>'\n<|fim_suffix|>\n") is None
+    zeta = body("zeta")["prompt"]
+    assert edit_region_format(zeta.replace("\n<|editable_region_end|>", " <|editable_region_end|>")) is None
+
+
+async def test_a_refused_edit_region_prompt_is_not_sent_again(make_proxy: ProxyFactory, aiohttp_server: Any) -> None:
+    """The client sized it: fitting it again would upload the same bytes, so the server's refusal is the answer."""
+    asked: list[int] = []
+
+    async def refuse(request: web.Request) -> web.Response:
+        asked.append(len(await request.read()))
+        error = {"code": 400, "type": "exceed_context_size_error",
+                 "message": "request (5000 tokens) exceeds the available context size (64 tokens)"}  # fmt: skip
+        return web.json_response({"error": error}, status=400)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", refuse)
+    server = await aiohttp_server(app)
+    proxy = await make_proxy(upstream=str(server.make_url("")), tokenizer="chars", reuse=False)
+    resp = await proxy.post("/v1/completions", json=body("zeta"))
+    assert resp.status == 400 and len(asked) == 1
+    plain = await proxy.post("/v1/completions", json={"prompt": "def f(" * 50})  # a prompt the proxy fitted
+    assert plain.status == 400 and len(asked) == 3  # is fitted again once
 
 
 @pytest.mark.parametrize("name", FIM_FORMATS)
