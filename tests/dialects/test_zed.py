@@ -16,9 +16,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from mellum_proxy import edit_region
 from mellum_proxy.budget.templates import MELLUM, FimParts
 from mellum_proxy.config import Settings
-from mellum_proxy import edit_region
 from mellum_proxy.edit_region import edit_region_format
 from mellum_proxy.editor.configs import render
 from mellum_proxy.http import PROBES, RECORDS
