@@ -196,10 +196,12 @@ async def open_core(
         upstream.native_ollama = section.kind == "ollama"
         answer_s = failover_answer_s(sections.policies.timeout_s, section.answer_timeout_s)
         pool = Upstreams(clients, answer_s, section.health_interval_s)
-        reachable = await asyncio.gather(*(client.reachable() for client in clients))
-        for member, up in zip(pool.members, reachable, strict=True):
-            member.up = up or len(clients) == 1
-            member.last_error = None if member.up else "not reachable at start"
+        pool.reveal = sections.telemetry.log_content
+        problems = await asyncio.gather(*(client.answer_problem() for client in clients))
+        reachable = [problem is None for problem in problems]
+        for member, problem in zip(pool.members, problems, strict=True):
+            if problem is not None:
+                pool.mark_down(member, problem)  # said at once, on the console; and again when it answers
         found = await discover(upstream, section.kind) if reachable[0] else None
         slots = found.slots if found is not None and sections.policies.max_concurrency == 0 else None
         counter = await build_counter(sections.budget, pool, upstream.model)
@@ -227,8 +229,8 @@ async def open_core(
                      ", ".join(c.shown_url for c in clients), section.health_interval_s * 1000)  # fmt: skip
             if pool.client is not upstream:
                 await discovery.follow(pool.client)  # the primary is down: the fallback serves, as it is
-            tasks.append(asyncio.create_task(pool.watch(section.health_interval_s), name="upstream-health"))
             tasks.append(asyncio.create_task(follow_serving(pool, discovery), name="upstream-follow"))
+        tasks.append(asyncio.create_task(pool.watch(section.health_interval_s), name="upstream-health"))
         try:
             yield core
         finally:

@@ -121,7 +121,10 @@ class Settings(BaseSettings):
         default_factory=login_name, min_length=1, description="This developer's routing key (default: login name)."
     )
     health_interval_ms: int = Field(
-        1000, ge=50, description="With several upstreams: how often each one's health is checked."
+        1000,
+        ge=50,
+        description="How often each upstream's health is checked (a lone one too: the console says when it stops "
+        "or starts answering).",
     )
     embedded: bool = Field(
         False, description="Start an in-process llama.cpp server: the upstream, or the last fallback after --upstream."

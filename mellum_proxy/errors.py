@@ -21,6 +21,8 @@ answered with HTTP 200 and an empty completion (see `mellum_proxy.models.Outcome
 
 from __future__ import annotations
 
+import hashlib
+
 MAX_MESSAGE_CHARS = 300  # an upstream's error text is cut here: some quote the prompt they were sent
 
 
@@ -38,6 +40,12 @@ class ProxyError(Exception):
     def upstream_status(self) -> int:
         """The status to record as the upstream's (the one the client got, unless the upstream said another)."""
         return self.status
+
+    @property
+    def shown(self) -> str:
+        """The message as the console, `/status` and the page may show it: the proxy's own words (an upstream's
+        text is reduced to its kind, length and hash: it may quote the prompt)."""
+        return self.message
 
 
 class InvalidRequestError(ProxyError):
@@ -108,7 +116,9 @@ class UpstreamStatusError(UpstreamError):
     on them.
     """
 
-    def __init__(self, status: int, message: str, error_type: str = "upstream_error") -> None:
+    def __init__(self, status: int, message: str, error_type: str = "upstream_error", own_words: bool = False) -> None:
+        """`own_words`: the message is the proxy's (`shown` as it is), not the upstream's text."""
+        self.own_words = own_words
         if len(message) > MAX_MESSAGE_CHARS:
             message = message[:MAX_MESSAGE_CHARS] + "..."
         super().__init__(message)
@@ -119,3 +129,11 @@ class UpstreamStatusError(UpstreamError):
     @property
     def upstream_status(self) -> int:
         return self._upstream_status
+
+    @property
+    def shown(self) -> str:
+        if self.own_words:
+            return self.message
+        digest = hashlib.sha256(self.message.encode()).hexdigest()[:12]
+        return (f"upstream answered HTTP {self._upstream_status} ({self.type}): a message of {len(self.message)} "
+                f"characters, sha256 {digest} (--log-content shows it)")  # fmt: skip

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from mellum_proxy.errors import ProxyError
 
 
+ANONYMOUS_SESSION = "default"  # the session of a client that names none (`default/<User-Agent>`)
+
+
 class Outcome(enum.StrEnum):
     """How a client request ended. The names are stable: they appear in logs and headers."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,7 +50,9 @@ def test_serve_exits_0_on_sigterm(tmp_path: Path, unused_tcp_port: int) -> None:
             proc.kill()
 
 
-def test_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [[], ["--embedded"]])
+def test_port_in_use_is_one_line_and_exit_2(tmp_path: Path, extra: list[str]) -> None:
+    """Said at once, naming --listen: the port is bound before the embedded model loads (it took 21 s)."""
     import socket
 
     with socket.socket() as taken:
@@ -57,12 +60,14 @@ def test_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "mellum_proxy", "serve", "--listen", f"127.0.0.1:{port}"],
-            capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=30,
+            [sys.executable, "-m", "mellum_proxy", "serve", "--listen", f"127.0.0.1:{port}", *extra],
+            capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=60,
         )  # fmt: skip
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("mellum-proxy: ")
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("mellum-proxy: ") and "--listen" in last and str(port) in last
+    assert not re.search(r"ready in [\d.]+ s", result.stdout + result.stderr)  # nothing was loaded
 
 
 def numeric_flags() -> list[tuple[list[str], str]]:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from mellum_proxy.errors import InvalidRequestError, ProxyError
-from mellum_proxy.models import Chunk, Completion, NormalizedRequest, Outcome
+from mellum_proxy.models import ANONYMOUS_SESSION, Chunk, Completion, NormalizedRequest, Outcome
 
 OUTCOME_HEADER = "X-Mellum-Outcome"
 
@@ -41,7 +41,7 @@ def session_key(headers: Mapping[str, str], user: str | None = None) -> str:
     if named:
         return named
     agent = header(headers, "User-Agent")
-    return f"default/{agent[:64]}" if agent else "default"
+    return f"{ANONYMOUS_SESSION}/{agent[:64]}" if agent else ANONYMOUS_SESSION
 
 
 class ServedModels(Protocol):

@@ -13,7 +13,9 @@ log).
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +26,7 @@ from mellum_proxy.config import Settings
 from mellum_proxy.http.app import build_app
 from mellum_proxy.http.connections import ConnectionGuard
 from mellum_proxy.http.keys import CONNECTIONS, UPSTREAMS
+from mellum_proxy.upstream.local_servers import find_local_server
 
 ACCEPT_AFTER_STOP_S = 0.2  # requests sent just before the signal still arrive in this window
 LEFTOVER_S = 1.0  # after the completions are answered: for anything else still open (a pass-through stream)
@@ -48,25 +51,59 @@ async def serve_app(
         await runner.cleanup()
 
 
-async def listen(runner: web.AppRunner, host: str, port: int) -> asyncio.Server:
-    """Accept connections for `runner`'s app through a `ConnectionGuard` (its counts go to `/status`)."""
+async def listen(runner: web.AppRunner, host: str, port: int, sock: socket.socket | None = None) -> asyncio.Server:
+    """Accept connections for `runner`'s app through a `ConnectionGuard` (its counts go to `/status`), on `sock`
+    when it is bound already, else on `host:port`."""
     assert runner.server is not None, "runner.setup() first"
     guard = runner.app.get(CONNECTIONS) or ConnectionGuard()
     guard.factory = runner.server
-    return await asyncio.get_running_loop().create_server(guard, host, port, reuse_address=True)
+    loop = asyncio.get_running_loop()
+    if sock is not None:
+        return await loop.create_server(guard, sock=sock)
+    return await loop.create_server(guard, host, port, reuse_address=True)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The proxy's listening socket, bound before anything slow starts (a model loading).
+
+    Raises:
+        OSError: the address is taken or cannot be had, in one line that names `--listen`.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another with --listen") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        taken = " (another program, or another mellum-proxy, uses it)" if exc.errno == errno.EADDRINUSE else ""
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{taken}; "
+                      "choose another with --listen HOST:PORT") from exc  # fmt: skip
+    sock.setblocking(False)
+    return sock
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set or a termination signal arrives."""
+    sock = bind(settings.listen_host, settings.listen_port)  # a taken port is said before a model loads
+    if "upstream" not in settings.model_fields_set and not settings.embedded:
+        found, said = await find_local_server()
+        print(f"mellum-proxy: {said}", flush=True)
+        if found is not None:
+            settings = settings.model_copy(update={"upstream": (found,)})
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     app = build_app(settings)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=LEFTOVER_S, access_log=None)
-    await runner.setup()
     try:
-        listener = await listen(runner, settings.listen_host, settings.listen_port)
+        await runner.setup()
+        listener = await listen(runner, settings.listen_host, settings.listen_port, sock)
         upstream = " then ".join(member.client.shown_url for member in app[UPSTREAMS].members)
         print(f"mellum-proxy listening on http://{settings.listen} -> upstream {upstream}", flush=True)
         if not settings.loopback_only:
@@ -79,5 +116,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         listener.close()  # no new connection from here on; the grace is the runner's shutdown step
     finally:
         await runner.cleanup()
+        sock.close()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)

@@ -15,9 +15,10 @@ from mellum_proxy.policies.debounce import Debouncer
 from mellum_proxy.policies.dispatch import Dispatch
 from mellum_proxy.policies.foresight import Foresight
 from mellum_proxy.policies.pause_model import PauseModel, Prior
+from mellum_proxy.policies.sessions import Documents
 from mellum_proxy.policies.supersede import Supersede, Ticket
 
 __all__ = [
-    "AdmissionQueue", "Deadline", "Debouncer", "Dispatch", "Foresight", "Lease", "PauseModel", "Prior",
+    "AdmissionQueue", "Deadline", "Debouncer", "Dispatch", "Documents", "Foresight", "Lease", "PauseModel", "Prior",
     "QueueFullError", "Supersede", "Ticket",
 ]  # fmt: skip

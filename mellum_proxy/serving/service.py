@@ -24,6 +24,7 @@ from mellum_proxy.models import Answer, BudgetedPrompt, Completion, NormalizedRe
 from mellum_proxy.observe import Changes
 from mellum_proxy.policies import (
     Deadline,
+    Documents,
     Lease,
     QueueFullError,
     Ticket,
@@ -56,12 +57,14 @@ class CompletionService:
         self.flights = Flights(upstream, policies.admission, budget, policies.clock, policies.keep_prefill,
                                takeover=policies.reuse is not None)  # fmt: skip
         self.typed_through = TypedThrough(policies, self.flights, telemetry, budget.settings.max_tokens)
+        self.documents = Documents()  # a session for each document of a client that names none
         self._open: set[anyio.CancelScope] = set()  # the requests being served
         self._idle = Changes()  # notified when the last one ends
 
     async def complete(self, request: NormalizedRequest, answer: Answer, arrived: float | None = None) -> None:
         """Answer `request`; a `ProxyError` becomes `answer.fail`, never a raise. `arrived`: the clock's time it
         reached the edge, before its body was read (its record counts from then); None: now."""
+        request = self.documents.assign(request)
         record = self.telemetry.start(request, arrived)
         record.arrived(self.policies.admission.depth, self.policies.admission.running)
         completion = Completion(id=f"cmpl-{request.id}")

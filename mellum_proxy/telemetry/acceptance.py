@@ -3,7 +3,9 @@ requests.
 
 A plugin reports acceptance only to its own vendor, but the proxy sees the session's next request: when its
 prefix holds the old one's end followed by text the suggestion began with, that text was kept (typed through,
-or accepted at once and typed on). Each suggestion is judged once, when it is settled: the person typed past
+or accepted at once and typed on). A request whose prefix carries the whole suggestion and nothing after it says
+nothing yet: llama.vim sends such a look-ahead as soon as it shows a suggestion, before the person took any of it
+(its own completion is not judged). Each suggestion is judged once, when it is settled: the person typed past
 it or away from it, a new suggestion replaced it, or the proxy shuts down (then by what was seen so far).
 What is kept to judge it: the last 64 characters before the cursor and the suggestion itself, one per
 session, for at most `MAX_SESSIONS` sessions; nothing of it is logged.
@@ -66,6 +68,9 @@ class AcceptanceTracker:
         typed = window[at + len(last.anchor) :]
         if not typed:
             return None  # asked again at the same place: nothing to judge by yet
+        if typed == last.text:  # a look-ahead (or an accept the next request will confirm): no evidence yet
+            self._anchors.pop(request.id, None)
+            return None
         kept = _common_prefix(typed, last.text)
         last.kept = max(last.kept, kept)
         if kept == len(last.text) or kept < len(typed):  # all of it, or the person wrote something else

@@ -164,7 +164,7 @@ class UpstreamClient:
             resp = await self._answered(method, url, options, answer_s)
             try:
                 if resp.status >= 400:
-                    raise status_error(resp.status, await resp.read())
+                    raise status_error(resp.status, await resp.read(), resp.content_type)
                 yield resp
             except BaseException:
                 resp.close()  # drop the socket: the server stops prefill/decoding
@@ -247,22 +247,38 @@ class UpstreamClient:
             raise UpstreamProtocolError(f"upstream {self.shown_url + path} sent non-JSON") from exc
 
     async def reachable(self, timeout_s: float = 1.0) -> bool:
-        """Whether the upstream can serve: llama.cpp/vLLM `/health`, else `/v1/models`.
+        """Whether the upstream can serve (`answer_problem` finds none)."""
+        return await self.answer_problem(timeout_s) is None
+
+    async def answer_problem(self, timeout_s: float = 1.0) -> str | None:
+        """Why the upstream cannot serve, in words a user acts on; None when it can: llama.cpp/vLLM `/health`,
+        else `/v1/models` (Ollama, LM Studio).
 
         A `/health` that is not ok is asked again through `/v1/models`: vllm-router answers `/health` 503
         while any one of its workers is down, and still serves from the others (seen with 0.1.17); a
         llama.cpp server still loading its model answers 503 on both. An HTML page is no model server's
-        answer (a captive portal's, a gateway's login page), whatever its status.
+        answer (a captive portal's, a gateway's login page, a web server's), whatever its status.
         """
         timeout = aiohttp.ClientTimeout(total=timeout_s)
+        problem: str | None = None  # the first one found says most
         for path in ("/health", "/v1/models"):
             try:
                 async with self.session.get(self.url(path), timeout=timeout) as resp:
-                    if resp.status < 400 and resp.content_type != "text/html":
-                        return True
-            except (aiohttp.ClientError, TimeoutError):
-                return False
-        return False
+                    if resp.content_type == "text/html":
+                        problem = problem or f"answered {resp.status} with an HTML page: not a model server?"
+                    elif resp.status < 400:
+                        return None
+                    else:
+                        loading = " (loading its model?)" if resp.status == 503 else ""
+                        problem = problem or f"answered {resp.status} on {path}{loading}"
+            except aiohttp.ClientConnectorError as exc:
+                refused = isinstance(exc.os_error, ConnectionRefusedError)
+                return "connection refused: nothing listens there" if refused else f"cannot connect ({exc.os_error})"
+            except TimeoutError:
+                return f"no answer within {timeout_s:g} s"
+            except aiohttp.ClientError as exc:
+                return f"no HTTP answer ({type(exc).__name__})"
+        return problem or "no answer"
 
     async def slot_count(self) -> int | None:
         """The upstream's parallel slots (llama.cpp `/props` total_slots or `/slots`), if it says."""

@@ -41,8 +41,12 @@ def translate_errors(url: str) -> Iterator[None]:
         raise UpstreamUnavailableError(f"upstream {url} failed: {exc}") from exc
 
 
-def status_error(status: int, body: bytes) -> UpstreamStatusError:
-    """Build the error for an upstream 4xx/5xx, keeping its message and type when it gave one."""
+def status_error(status: int, body: bytes, content_type: str = "") -> UpstreamStatusError:
+    """Build the error for an upstream 4xx/5xx, keeping its message and type when it gave one; a web page is
+    named as such (a web server, a gateway or a portal answered: not a model server), not passed on."""
+    if content_type == "text/html" or body.lstrip()[:1] == b"<":
+        said = f"upstream answered {status} with an HTML page ({len(body)} bytes): not a model server?"
+        return UpstreamStatusError(status, said, own_words=True)
     message, error_type = body[:2000].decode("utf-8", "replace") or f"upstream answered {status}", None
     try:
         parsed = orjson.loads(body)

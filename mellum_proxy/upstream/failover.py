@@ -142,6 +142,7 @@ class Upstreams:
         self.on_up: Callable[[UpstreamClient], Awaitable[None]] | None = None  # rediscover a returning one
         self._served: dict[str, str] = {}
         self.changes = Changes()  # notified when one goes down or comes back
+        self.reveal = False  # an upstream's own error text in `last_error` and the console (`--log-content`)
 
     @property
     def primary(self) -> UpstreamClient:
@@ -199,7 +200,7 @@ class Upstreams:
                 if any(other.up for other in self.members if other is not member):  # never the last one up
                     member.strikes += 1
                     member.down_at = asyncio.get_running_loop().time()
-                    self._down(member, error.message)
+                    self._down(member, error.message if self.reveal else error.shown)
                 first_error = first_error or error
                 if index == len(candidates) - 1:
                     self._remember(request.id, member)  # the record names the last one asked
@@ -216,31 +217,44 @@ class Upstreams:
             self._served.pop(next(iter(self._served)))
         self._served[request_id] = member.client.shown_url
 
+    def mark_down(self, member: Member, why: str) -> None:
+        """`member` cannot serve (`why`, in words): said once, on the console, until it is up again."""
+        self._down(member, why)
+
     def _down(self, member: Member, why: str) -> None:
         if member.up:
             member.up, member.since, member.last_error = False, time.time(), why
             self.changes.notify()
             after = self.serving
-            log.warning("upstream %s is down (%s); serving from %s", member.client.shown_url, why,
-                        after.client.shown_url if after.up else "none: every upstream is down")  # fmt: skip
+            if len(self.members) == 1:
+                log.warning("upstream %s does not answer (%s); completions fail until it does: start the server, "
+                            "or point --upstream at it", member.client.shown_url, why)  # fmt: skip
+            else:
+                log.warning("upstream %s is down (%s); serving from %s", member.client.shown_url, why,
+                            after.client.shown_url if after.up else "none: every upstream is down")  # fmt: skip
 
     async def _up(self, member: Member) -> None:
         if not member.up:
             member.up, member.since = True, time.time()
             self.changes.notify()
-            log.info("upstream %s is back; serving from %s", member.client.shown_url, self.serving.client.shown_url)
+            if len(self.members) == 1:
+                log.info("upstream %s answers again", member.client.shown_url)
+            else:
+                log.info("upstream %s is back; serving from %s", member.client.shown_url, self.serving.client.shown_url)
             if self.on_up is not None:
                 await self.on_up(member.client)
 
     async def check(self) -> None:
         """One health check of every member, at once."""
-        results = await asyncio.gather(*(m.client.reachable() for m in self.members))
+        problems = await asyncio.gather(*(m.client.answer_problem() for m in self.members))
         now = asyncio.get_running_loop().time()
-        for member, reachable in zip(self.members, results, strict=True):
-            if reachable and now - member.down_at >= self.comeback_s(member):
+        for member, problem in zip(self.members, problems, strict=True):
+            if problem is None and now - member.down_at >= self.comeback_s(member):
                 await self._up(member)
+            elif problem is not None:
+                self._down(member, f"health check: {problem}")
             else:
-                self._down(member, "health check failed")
+                self._down(member, "waiting after failed completions")
 
     def comeback_s(self, member: Member) -> float:
         """How long after a completion took `member` down a healthy `/health` may bring it back: 0 after none,
@@ -250,7 +264,8 @@ class Upstreams:
         return self.interval_s * float(min(COMEBACK_MAX, 2 ** (member.strikes - 1)))
 
     async def watch(self, interval_s: float) -> None:
-        """Check every member every `interval_s`, for the app's lifetime (only with more than one)."""
+        """Check every member every `interval_s`, for the app's lifetime: what changes is said on the console
+        (a lone upstream too: the user learns that the server went away, and when it answers again)."""
         while True:
             await asyncio.sleep(interval_s)
             try:

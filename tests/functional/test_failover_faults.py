@@ -3,6 +3,7 @@ request cannot take every upstream down, and the one that serves brings its own 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -160,3 +161,56 @@ async def test_the_serving_fallback_brings_its_own_slots_and_context(
     assert proxy.app[UPSTREAMS].client.base_url == fallback_url
     assert proxy.app[POLICIES].admission.limit == 4
     assert proxy.app[SERVICE].budget.counter.method == "chars"
+
+
+def quoting_server() -> web.Application:
+    """A server whose 500 quotes the prompt it was sent (as some do in their error text)."""
+
+    async def completions(request: web.Request) -> web.Response:
+        prompt = (await request.json()).get("prompt", "")
+        return web.json_response({"error": {"message": f"failed on: {prompt}", "type": "server_error"}}, status=500)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    return app
+
+
+@pytest.mark.parametrize("log_content", [False, True])
+async def test_an_upstream_error_that_quotes_the_code_stays_out_of_the_console_and_status(
+    make_proxy: ProxyFactory,
+    aiohttp_server: Any,
+    fake_upstream: Any,
+    caplog: pytest.LogCaptureFixture,
+    log_content: bool,
+) -> None:
+    secret = "def launch_codes(): return 'x9-very-secret'"
+    primary = await aiohttp_server(quoting_server())
+    _second, second_url = await fake_upstream()
+    proxy = await make_proxy(upstream=[str(primary.make_url("")).rstrip("/"), second_url], tokenizer="chars",
+                             reuse=False, health_interval_ms=60_000, log_content=log_content)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="mellum_proxy"):
+        assert (await proxy.post("/v1/completions", json={"prompt": secret})).status == 200  # failed over
+    status = await (await proxy.get("/status")).text()
+    shown = caplog.text + status
+    assert ("x9-very-secret" in shown) == log_content
+    if not log_content:
+        assert "HTTP 500 (server_error): a message of" in caplog.text and "sha256" in status
+
+
+async def test_a_web_servers_error_page_is_named_not_pasted(make_proxy: ProxyFactory, aiohttp_server: Any) -> None:
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(status=501, text="<html><body>" + "Not Implemented " * 200 + "</body></html>",
+                            content_type="text/html")  # fmt: skip
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", page)
+    server = await aiohttp_server(app)
+    proxy = await make_proxy(upstream=str(server.make_url("")).rstrip("/"), tokenizer="chars")
+    resp = await proxy.post("/v1/completions", json=BODY)
+    message = (await resp.json())["error"]["message"]
+    assert resp.status == 502 and "answered 501 with an HTML page" in message and "not a model server?" in message
+    assert "<html>" not in message

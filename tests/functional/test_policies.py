@@ -79,6 +79,37 @@ async def test_newer_request_cancels_a_running_stream(make_proxy: ProxyFactory, 
     assert outcomes(proxy) == ["cancelled", "ok"]
 
 
+async def test_two_anonymous_editors_on_two_files_do_not_cancel_each_other(
+    make_proxy: ProxyFactory, fake_upstream: Any
+) -> None:
+    """llama.vim in two windows: both curl, no session id. Each file is a session of its own, while a keystroke
+    in one file still supersedes that file's request."""
+    fake, url = await fake_upstream(tokens=2, slots=4)
+    fake.gate = asyncio.Event()
+    proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=0, tokenizer="chars", reuse=False)
+    curl = {"User-Agent": "curl/8.5.0"}
+    files = {
+        "a": "import os\n\ndef load(path):\n    with open(path) as f:\n        return f.read()\n\ndef ",
+        "b": 'package main\n\nimport "fmt"\n\nfunc main() {\n\tfmt.Println("hello, world")\n}\n\nfunc ',
+    }
+
+    def infill(name: str, typed: str) -> Any:
+        body = {"input_prefix": files[name], "input_suffix": "\n", "prompt": typed, "n_predict": 8}
+        return asyncio.create_task(proxy.post("/infill", json=body, headers=curl))
+
+    first_a, first_b = infill("a", "sa"), infill("b", "ad")
+    await fake.wait_until(lambda f: f.active == 2)
+    second_a = infill("a", "sav")  # supersedes the first in file a only
+    await fake.wait_until(lambda f: len(f.payloads) == 3)
+    fake.gate.set()
+    for task in (first_a, first_b, second_a):
+        assert (await task).status == 200
+    await records(proxy).changes.wait_for(lambda: len(records(proxy)) == 3)
+    by_prompt = {r.prompt_chars: r.outcome for r in records(proxy)}
+    assert sorted(by_prompt.values()) == ["cancelled", "ok", "ok"]
+    assert len({r.session for r in records(proxy)}) == 2
+
+
 async def test_newer_request_cancels_a_non_stream_one_before_any_token(
     make_proxy: ProxyFactory, fake_upstream: Any
 ) -> None:

@@ -69,7 +69,19 @@ def test_a_new_suggestion_settles_the_last_and_reuse_is_the_same_suggestion() ->
 def test_sessions_are_judged_apart() -> None:
     tracker = shown_once("total += 1")
     assert arrive(tracker, 2, "elsewhere", session="other") is None
-    assert arrive(tracker, 3, PREFIX + "total += 1") == Judged("1", "s", 10)
+    assert arrive(tracker, 3, PREFIX + "total += 1\n") == Judged("1", "s", 10)
+
+
+def test_a_look_ahead_carrying_the_whole_suggestion_is_no_evidence() -> None:
+    """llama.vim asks at once for what follows a suggestion it shows, its prefix carrying all of it: until the
+    person types, nothing is kept (it read ~3.3x too high); the look-ahead's own answer is not judged."""
+    tracker = shown_once("total += 1")
+    assert arrive(tracker, 2, PREFIX + "total += 1") is None
+    assert tracker.shown("2", "s", shown("\n    return total"), reused=False) is None  # not shown to the person
+    assert arrive(tracker, 3, PREFIX + "print(") == Judged("1", "s", 0)  # typed something else
+    tracker = shown_once("total += 1")
+    assert arrive(tracker, 2, PREFIX + "total += 1") is None
+    assert arrive(tracker, 3, PREFIX + "total += 1\n    ") == Judged("1", "s", 10)  # accepted and typed on
 
 
 async def test_the_log_the_metrics_and_stats_agree(

@@ -1,0 +1,52 @@
+"""Start-up tells the truth: an upstream that does not answer is said at once, in words, and again when it
+answers; with no --upstream the usual local servers are looked for; a web server is named as no model server."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import aiohttp
+import pytest
+
+from mellum_proxy.bench.doubles.fault_upstream import captive_portal
+from mellum_proxy.http import UPSTREAMS
+from mellum_proxy.upstream.client import UpstreamClient
+from mellum_proxy.upstream.local_servers import find_local_server
+from tests.conftest import ProxyFactory
+
+
+async def test_a_lone_upstream_that_does_not_answer_is_said_then_said_back(
+    make_proxy: ProxyFactory, fake_upstream: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake, url = await fake_upstream()
+    fake.healthy = False  # a llama.cpp still loading: 503
+    with caplog.at_level(logging.INFO, logger="mellum_proxy"):
+        proxy = await make_proxy(upstream=url, tokenizer="chars", health_interval_ms=50)
+        said = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+        assert len(said) == 1 and "answered 503" in said[0] and "--upstream" in said[0], said
+        pool = proxy.app[UPSTREAMS]
+        fake.healthy = True
+        await pool.changes.wait_for(lambda: pool.members[0].up, timeout_s=10)
+    assert any("answers again" in r.getMessage() for r in caplog.records)
+    assert sum("does not answer" in r.getMessage() for r in caplog.records) == 1  # once, not per check
+
+
+async def test_a_refused_connection_and_a_web_page_are_named(aiohttp_server: Any, unused_tcp_port: int) -> None:
+    portal = await aiohttp_server(captive_portal())
+    async with aiohttp.ClientSession() as session:
+        refused = await UpstreamClient(session, f"http://127.0.0.1:{unused_tcp_port}").answer_problem()
+        page = await UpstreamClient(session, str(portal.make_url("")).rstrip("/")).answer_problem()
+    assert refused is not None and "connection refused" in refused
+    assert page == "answered 200 with an HTML page: not a model server?"
+
+
+async def test_with_no_upstream_the_usual_local_servers_are_looked_for(
+    fake_upstream: Any, unused_tcp_port: int
+) -> None:
+    _fake, url = await fake_upstream()
+    port = int(url.rsplit(":", 1)[1])
+    found, said = await find_local_server((("vLLM", unused_tcp_port), ("llama.cpp", port)))
+    assert found == f"http://127.0.0.1:{port}" and "llama.cpp" in said
+    nothing, said = await find_local_server((("vLLM", unused_tcp_port),))
+    assert nothing is None and f":{unused_tcp_port} (vLLM)" in said and "--upstream" in said
