@@ -168,7 +168,9 @@ class JsonlLog:
         """Append `data` whole, or not at all (a partial write is cut off again)."""
         if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            if _torn(self._fd):  # a crash cut its last line: close it, or the next record joins it and is lost
+                data = b"\n" + data
         fd = self._fd
         start = os.fstat(fd).st_size
         view = memoryview(data)
@@ -200,6 +202,12 @@ class JsonlLog:
                 older.unlink()
             if newer.exists():
                 newer.rename(older)
+
+
+def _torn(fd: int) -> bool:
+    """Whether the file open at `fd` ends inside a line (a crash cut its last write short)."""
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
 
 
 def _head(lines: deque[bytes], limit: int) -> list[bytes]:

@@ -37,10 +37,28 @@ def log_to_read(given: Path | None) -> Path:
 
 
 def read_log(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The records of a JSONL log and how many lines were not records. A suggestion's `acceptance` line (written
-    once the session's later requests settled it) gives its record `accepted_chars`."""
+    """The records of a JSONL log, its rotated files' first, and how many lines were not records. A suggestion's
+    `acceptance` line (written once the session's later requests settled it) gives its record `accepted_chars`."""
     records: list[dict[str, Any]] = []
     judged: dict[str, dict[str, Any]] = {}
+    malformed = 0
+    for part in log_files(path):
+        malformed += _read_part(part, records, judged)
+    for record in records:
+        if (acceptance := judged.get(str(record.get("id")))) is not None:
+            record["accepted_chars"] = acceptance.get("accepted_chars")
+    return records, malformed
+
+
+def log_files(path: Path) -> list[Path]:
+    """A log's files, oldest first: those rotated out of it (`FILE.N` ... `FILE.1`), then `FILE` itself."""
+    rotated = sorted(
+        (p for p in path.parent.glob(path.name + ".*") if p.suffix[1:].isdigit()), key=lambda p: -int(p.suffix[1:])
+    )
+    return [*rotated, path] if path.exists() or not rotated else rotated
+
+
+def _read_part(path: Path, records: list[dict[str, Any]], judged: dict[str, dict[str, Any]]) -> int:
     malformed = 0
     with path.open("rb") as lines:
         for line in lines:
@@ -57,10 +75,7 @@ def read_log(path: Path) -> tuple[list[dict[str, Any]], int]:
                 judged[record["id"]] = record
             else:
                 malformed += 1
-    for record in records:
-        if (acceptance := judged.get(str(record.get("id")))) is not None:
-            record["accepted_chars"] = acceptance.get("accepted_chars")
-    return records, malformed
+    return malformed
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

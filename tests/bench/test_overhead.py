@@ -9,12 +9,14 @@ import pytest
 
 from mellum_proxy.bench.runners.overhead import RELAYS, measure, render
 from mellum_proxy.cli import main
+from mellum_proxy.config import default_log_path
 
 
 async def test_every_round_measures_both_relays_and_the_proxy() -> None:
     lines: list[str] = []
     result = await measure(requests=5, rounds=2, tokens=4, progress=lines.append)
     assert [row["round"] for row in result["rows"]] == [1, 2] and len(lines) == 2
+    assert not default_log_path().exists()  # its proxies log, but never into the user's own request log
     for row in result["rows"]:
         assert row["direct"]["ttft_p50_ms"] > 0
         for path in (

@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from mellum_proxy.telemetry import JsonlLog
+from mellum_proxy.telemetry.stats import read_log
 
 
 def ids(path: Path) -> list[int]:
@@ -87,6 +88,7 @@ import asyncio, concurrent.futures.thread, os, sys  # imported before root is dr
 from pathlib import Path
 import orjson
 from mellum_proxy.telemetry import JsonlLog
+from mellum_proxy.telemetry.stats import read_log
 
 async def main(folder: Path) -> None:
     path = folder / "requests.jsonl"
@@ -135,6 +137,7 @@ CHILD = r"""
 import asyncio, resource, signal, sys
 from pathlib import Path
 from mellum_proxy.telemetry import JsonlLog
+from mellum_proxy.telemetry.stats import read_log
 
 async def main(path):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
@@ -165,3 +168,22 @@ def test_the_log_resumes_when_less_room_is_freed_than_its_backlog(tmp_path: Path
     assert written > stuck and path.stat().st_size <= (64 + 300) * 1024
     lines = path.read_bytes().splitlines()
     assert [orjson.loads(line)["id"] for line in lines] == list(range(len(lines)))  # whole lines, in order
+
+
+async def test_a_torn_last_line_is_closed_before_the_next_run_appends(tmp_path: Path) -> None:
+    """A crash cut the last write short: the next run's first record must not join it (3 sent, 2 counted)."""
+    path = tmp_path / "requests.jsonl"
+    path.write_bytes(b'{"event": "request", "id": "a", "outcome": "ok"}\n{"event": "request", "id": "b", "outc')
+    sink = JsonlLog(path, max_bytes=1 << 20)
+    sink.start()
+    sink.put({"event": "request", "id": "c", "outcome": "ok"})
+    await sink.close()
+    records, malformed = read_log(path)
+    assert [r["id"] for r in records] == ["a", "c"] and malformed == 1
+
+
+def test_stats_reads_every_rotated_file(tmp_path: Path) -> None:
+    path = tmp_path / "requests.jsonl"
+    for name, ident in ((path.name + ".2", "oldest"), (path.name + ".1", "older"), (path.name, "newest")):
+        (tmp_path / name).write_bytes(orjson.dumps({"event": "request", "id": ident, "outcome": "ok"}) + b"\n")
+    assert [r["id"] for r in read_log(path)[0]] == ["oldest", "older", "newest"]

@@ -14,8 +14,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -74,7 +76,11 @@ async def run(busy: int = 1, timeout_s: float = 300.0, extra: tuple[str, ...] = 
     """Start the proxy as `make run` does, wait for it, then complete at each of `POSITIONS`."""
     source = (CODE_DIR / "inventory.py").read_text()
     port = free_port()
-    command = [sys.executable, "-m", "mellum_proxy", "serve", "--embedded", "--listen", f"127.0.0.1:{port}", *extra]
+    log = (
+        Path(tempfile.gettempdir()) / f"mellum-first-run-{port}.jsonl"
+    )  # as `make run` logs, but not to the user's log
+    command = [sys.executable, "-m", "mellum_proxy", "serve", "--embedded", "--listen", f"127.0.0.1:{port}",
+               "--log", str(log), *extra]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with busy_cores(busy):
         started = time.monotonic()
@@ -84,6 +90,8 @@ async def run(busy: int = 1, timeout_s: float = 300.0, extra: tuple[str, ...] = 
         finally:
             server.send_signal(signal.SIGTERM)
             output, _ = server.communicate(timeout=60)
+            for part in log.parent.glob(log.name + "*"):
+                part.unlink(missing_ok=True)
     result["startup_lines"] = [line for line in output.splitlines() if line.strip()][:40]
     result["busy_processes"] = busy
     result["command"] = " ".join(["mellum-proxy", *command[3:]])

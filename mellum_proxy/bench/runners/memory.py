@@ -47,9 +47,27 @@ async def one_run(
     upstream: str, tokenizer: str, requests: int, clients: int, progress: Callable[[str], None]
 ) -> dict[str, Any]:
     port = free_port()
-    args = ["-m", "mellum_proxy", "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
-            "--tokenizer", tokenizer, "--debounce-ms", "0", "--timeout-ms", "0", "--max-concurrency", "64",
-            "--max-queue", "64"]  # fmt: skip
+    args = [
+        "-m",
+        "mellum_proxy",
+        "serve",
+        "--upstream",
+        upstream,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--tokenizer",
+        tokenizer,
+        "--debounce-ms",
+        "0",
+        "--timeout-ms",
+        "0",
+        "--max-concurrency",
+        "64",
+        "--max-queue",
+        "64",
+        "--log",
+        "off",
+    ]  # fmt: skip  (never the user's own log)
     process = await asyncio.create_subprocess_exec(
         sys.executable, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
     )

@@ -22,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -110,24 +113,33 @@ async def measure(
         "max_tokens": tokens,
         "stream": True,
     }
-    async with serve_app(fake.app()) as upstream, serve_app(bare_relay(upstream)) as bare:
-        async with (
-            serve_app(parsing_relay(upstream)) as parsing,
-            serve_app(build_app(Settings(upstream=upstream, **PROXY_SETTINGS))) as proxy,
-            serve_app(build_app(Settings(upstream=upstream, **{**PROXY_SETTINGS, "postprocess": True}))) as cleaning,
-            serve_app(page_app := build_app(Settings(upstream=upstream, **PROXY_SETTINGS))) as page,
-            _page_open(page_app, page),
-            serve_app(build_app(Settings(upstream=upstream, **PROXY_SETTINGS, **FORESIGHT))) as foresight,
-        ):
-            urls = {"direct": upstream, "bare": bare, "parsing": parsing, "proxy": proxy, "cleaning": cleaning,
-                    "page": page, "foresight": foresight}  # fmt: skip
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-                await _round(session, urls, 20, body)  # warm up connections and code paths
-                rows = []
-                for number in range(rounds):
-                    rows.append(_row(number, await _round(session, urls, requests, body), requests))
-                    if progress is not None:
-                        progress(_line(rows[-1]))
+    folder = Path(tempfile.mkdtemp(prefix="mellum-overhead-"))  # each proxy logs, as by default, but not to the
+    # user's own log: stats, doctor and tune would describe this fake server
+
+    def proxy_settings(name: str, **more: Any) -> Settings:
+        return Settings(upstream=upstream, log=folder / f"{name}.jsonl", **{**PROXY_SETTINGS, **more})
+
+    try:
+        async with serve_app(fake.app()) as upstream, serve_app(bare_relay(upstream)) as bare:
+            async with (
+                serve_app(parsing_relay(upstream)) as parsing,
+                serve_app(build_app(proxy_settings("proxy"))) as proxy,
+                serve_app(build_app(proxy_settings("cleaning", postprocess=True))) as cleaning,
+                serve_app(page_app := build_app(proxy_settings("page"))) as page,
+                _page_open(page_app, page),
+                serve_app(build_app(proxy_settings("foresight", **FORESIGHT))) as foresight,
+            ):
+                urls = {"direct": upstream, "bare": bare, "parsing": parsing, "proxy": proxy, "cleaning": cleaning,
+                        "page": page, "foresight": foresight}  # fmt: skip
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                    await _round(session, urls, 20, body)  # warm up connections and code paths
+                    rows = []
+                    for number in range(rounds):
+                        rows.append(_row(number, await _round(session, urls, requests, body), requests))
+                        if progress is not None:
+                            progress(_line(rows[-1]))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return {"requests": requests, "rounds": rounds, "tokens": tokens, "rows": rows, "summary": _summary(rows)}
 
 
