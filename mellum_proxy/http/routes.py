@@ -85,7 +85,10 @@ def completion_handler(dialect: Dialect, route: CompletionRoute) -> Handler:
         normalized = route.parse(await read_json(request), request.headers, request_id(request))
         answer = HttpAnswer(request, dialect.encoder(normalized))
         request[RECORDED] = True
-        await service.complete(normalized, answer, arrived)
+        try:
+            await service.complete(normalized, answer, arrived)
+        except ConnectionResetError:  # the editor left while its answer was written: recorded as `client_gone`;
+            return answer.response or web.Response()  # aiohttp ends a closed connection quietly (no traceback)
         return answer.result()
 
     return handle

@@ -82,9 +82,12 @@ class FakeUpstream:
         await self._notify()
         try:
             return await self._answer(request, payload)
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             self.disconnects += 1
             raise
+        except ConnectionResetError:  # the proxy dropped the request: as a real server, no traceback
+            self.disconnects += 1
+            return web.Response(status=499)
         finally:
             self.active -= 1
             await self._notify()
