@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -186,7 +187,8 @@ async def open_core(
     section = sections.upstream
     urls = upstream_urls(section, embedded_url)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=section.connect_timeout_s)
-    connector = aiohttp.TCPConnector(limit=0)  # concurrency is the policies' job, not the pool's
+    connector = aiohttp.TCPConnector(limit=upstream_connection_limit())  # concurrency is the policies' job; this
+    # keeps the process under its file limit (the listener's connections have another share)
     headers = dict(section.headers)  # on every upstream request, pass-through too
     if section.api_key:
         headers["Authorization"] = f"Bearer {section.api_key}"
@@ -238,6 +240,13 @@ async def open_core(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def upstream_connection_limit() -> int:
+    """The most connections to upstreams at once: a quarter of the process's open-file limit (0: no limit, where
+    the process has none), so that passed-through streams and keep-alive pools cannot exhaust it."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 0 if soft == resource.RLIM_INFINITY else max(8, soft // 4)
 
 
 def fallback_discovery(model: str | None) -> Callable[[UpstreamClient], Awaitable[None]]:

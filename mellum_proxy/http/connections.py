@@ -3,8 +3,10 @@
 A client that opens connections and never finishes a request's headers (slowloris) would keep each one
 forever: aiohttp has no deadline for headers, and at the process's file limit the listener stops
 accepting and asyncio logs every failed accept. So at most `limit` connections are open at once (half
-the file limit, at most `MAX_CONNECTIONS`; the editor needs a few), one more is closed as it comes, and a
-connection that has not sent its first request's headers within `header_s` is closed. A request whose
+the file limit, at most `MAX_CONNECTIONS`; the editor needs a few; the upstream's connections have a quarter,
+`mellum_proxy.assembly.upstream_connection_limit`, the rest is the process's files), one more is answered 503
+and closed as it comes, and a connection that has not sent its first request's headers within `header_s` is
+closed. A request whose
 body does not arrive in time is the handler's (`mellum_proxy.http.routes.read_json`).
 """
 
@@ -50,8 +52,17 @@ class ConnectionGuard:
         return _Guarded(self, self.factory())
 
 
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+         b"Connection: close\r\nContent-Length: 93\r\n\r\n"
+         b'{"error": {"message": "the proxy has all the connections it may open", "type": "overloaded"}}')  # fmt: skip
+
+
 class _Refused(asyncio.Protocol):
+    """A connection over the limit: answered 503 at once (an HTTP answer a client reads, not a reset), closed."""
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if isinstance(transport, asyncio.Transport):
+            transport.write(_BUSY)
         transport.close()
 
 

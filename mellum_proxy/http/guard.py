@@ -7,7 +7,8 @@ this machine in `Host`. So every route (`browser_guard`) refuses, with 403 in th
 - a `Host` that is not an IP address, `localhost` or the name the proxy listens on (DNS rebinding);
 - an `Origin` that is not the proxy's own (a page elsewhere; `null`: a sandboxed page or a file);
 - `Sec-Fetch-Site` other than `same-origin` or `none` (what modern browsers say of a cross-site request);
-- a `text/plain` or `multipart/form-data` body (what a page can send without asking first; no plugin does):
+- a `text/plain`, `multipart/form-data` or `application/x-www-form-urlencoded` body (what a page can send
+  without asking first; no plugin does):
   415.
 `--auth-token` guards everything besides, for a proxy that listens beyond this machine (then any `Host`
 is accepted: the page cannot send the token).
@@ -60,7 +61,8 @@ def _basic_password(header: bytes) -> bytes:
     return secret if sep else b""
 
 
-_PAGE_BODIES = ("text/plain", "multipart/form-data")  # CORS-safelisted: sent cross-origin without a preflight
+# CORS-safelisted: what a page sends cross-origin without a preflight
+_PAGE_BODIES = ("text/plain", "multipart/form-data", "application/x-www-form-urlencoded")
 
 
 def browser_guard(section: ListenSection) -> Middleware:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -218,7 +220,8 @@ async def test_a_defect_after_the_first_event_ends_the_stream_and_is_recorded(
 
 async def test_slow_clients_and_too_many_connections_are_cut_off(fake_upstream: Any) -> None:
     """Slowloris: connections that never finish their headers are closed after the header deadline, and
-    beyond the connection limit new ones are closed at once, so the proxy keeps accepting and serving."""
+    beyond the connection limit new ones are answered 503 and closed at once, so the proxy keeps accepting and
+    serving."""
     from mellum_proxy.http import CONNECTIONS, build_app
 
     _, url = await fake_upstream()
@@ -233,7 +236,10 @@ async def test_slow_clients_and_too_many_connections_are_cut_off(fake_upstream: 
             writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and nothing more
             slow.append((reader, writer))
         closed = await asyncio.gather(*(asyncio.wait_for(reader.read(), 5) for reader, _ in slow))
-        assert closed == [b""] * 30  # every one closed by the proxy: 10 at once, 20 at the deadline
+        busy = [answer for answer in closed if answer]  # 10 over the limit: answered 503 at once, then closed
+        assert len(busy) == 10 and all(answer.startswith(b"HTTP/1.1 503 ") for answer in busy)
+        assert all(orjson.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "overloaded" for answer in busy)
+        assert closed.count(b"") == 20  # closed at the header deadline
         assert (guard.refused, guard.too_slow, guard.open) == (10, 20, 0)
         status, _body = await raw_request(port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                          b"Content-Type: application/json\r\n", b'{"prompt": "x"}')  # fmt: skip
@@ -296,3 +302,51 @@ async def test_a_stream_that_never_ends_is_answered_at_once(
         assert choice == {"text": "abc", "index": 0, "logprobs": None, "finish_reason": "stop"}
     else:
         assert choice["finish_reason"] == "length" and 0 < len(choice["text"]) <= 1 << 20
+
+
+@pytest.mark.slow
+async def test_a_low_file_limit_refuses_early_instead_of_failing_accepts(
+    fake_upstream: Any, unused_tcp_port: int, tmp_path: Path
+) -> None:
+    """`ulimit -n 128` and 150 editors at once: the connection guard and the upstream pool share the file limit,
+    so no accept fails ("out of system resource" was logged 16,039 times in 30 s); over the limit is a 503."""
+    import resource
+    import subprocess
+    import sys
+
+    _fake, url = await fake_upstream(tokens=2, first_token_delay_s=0.2, slots=None)
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    command = [sys.executable, "-m", "mellum_proxy", "serve", "--upstream", url, "--listen",
+               f"127.0.0.1:{unused_tcp_port}", "--tokenizer", "chars", "--log", "off", "--max-concurrency", "64",
+               "--max-queue", "256", "--timeout-ms", "5000"]  # fmt: skip
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(  # noqa: ASYNC220
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=low_limit
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # blocks until the proxy says it listens
+            if "listening on" in line:
+                break
+        base = f"http://127.0.0.1:{unused_tcp_port}"
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
+
+            async def one(i: int) -> int:
+                try:
+                    async with session.post(base + "/v1/completions", json={"prompt": f"x{i}"},
+                                            headers={"X-Session-Id": f"s{i}"}) as resp:  # fmt: skip
+                        await resp.read()
+                        return resp.status
+                except aiohttp.ClientError:
+                    return 0
+
+            statuses = await asyncio.gather(*(one(i) for i in range(150)))
+            assert statuses.count(200) >= 60 and set(statuses) <= {200, 503}, sorted(set(statuses))
+            assert await one(999) == 200  # and it goes on serving
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=30)
+    assert "out of system resource" not in output and "Traceback" not in output, output[-2000:]

@@ -56,7 +56,9 @@ async def test_every_route_refuses_a_web_page(
     assert proxy.fake.payloads == [] and proxy.fake.headers == []  # nothing reached the upstream, no key sent
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "multipart/form-data; boundary=x"])
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "multipart/form-data; boundary=x", "application/x-www-form-urlencoded"]
+)
 async def test_a_body_a_page_can_send_without_asking_is_refused(proxy: Any, content_type: str) -> None:
     resp = await proxy.post("/v1/completions", data=b'{"prompt": "x = "}', headers={"Content-Type": content_type})
     assert resp.status == 415 and openai_shape(await resp.json(), 415)
@@ -64,15 +66,18 @@ async def test_a_body_a_page_can_send_without_asking_is_refused(proxy: Any, cont
 
 
 async def test_what_plugins_send_is_served(proxy: Any) -> None:
-    """No Origin, this machine's name: the proxy's own page (same origin) and a plain curl (its default
-    form content type) are served too."""
+    """No Origin, this machine's name: the proxy's own page (same origin) and curl with a JSON body are served
+    (a bare `curl -d`'s form content type is what a page may send without asking: refused, naming JSON)."""
     for headers in ({}, {"Host": "localhost:8011"}, {"Origin": f"http://{proxy.host}:{proxy.port}"},
                     {"Sec-Fetch-Site": "same-origin"}):  # fmt: skip
         resp = await proxy.post("/v1/completions", json={"prompt": "x = "}, headers=headers)
         assert resp.status == 200, headers
     curl = await proxy.post("/v1/completions", data=b'{"prompt": "x = "}',
-                            headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+                            headers={"Content-Type": "application/json", "User-Agent": "curl/8.5.0"})  # fmt: skip
     assert curl.status == 200
+    bare = await proxy.post("/v1/completions", data=b'{"prompt": "x = "}',
+                            headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+    assert bare.status == 415 and "send application/json" in (await bare.json())["error"]["message"]
 
 
 async def test_clients_that_name_no_session_do_not_read_each_others_completions(proxy: Any) -> None:
