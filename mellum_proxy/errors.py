@@ -9,6 +9,7 @@
      ├── MethodNotAllowedError      405
      ├── RequestTimeoutError        408  the request's body did not arrive in time
      ├── UnsupportedMediaTypeError  415  a body a web page can send without asking (text/plain, a form)
+     ├── ServiceUnavailableError    503  the proxy has all of something it may hold (live pages)
      └── UpstreamError              502  anything that went wrong talking to the model server
           ├── UpstreamUnavailableError  502  connection refused / reset / DNS
           ├── UpstreamTimeoutError      504  the upstream did not answer in time
@@ -86,6 +87,11 @@ class RequestTimeoutError(ProxyError):
 class UnsupportedMediaTypeError(ProxyError):
     status = 415
     type = "unsupported_media_type"
+
+
+class ServiceUnavailableError(ProxyError):
+    status = 503
+    type = "overloaded"
 
 
 class UpstreamError(ProxyError):

@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 
 from mellum_proxy import __version__
-from mellum_proxy.errors import NotFoundError
+from mellum_proxy.errors import NotFoundError, ServiceUnavailableError
 from mellum_proxy.http.guard import check_host
 from mellum_proxy.http.keys import RECORDS, SECTIONS, SETTINGS, STARTED, TELEMETRY
 from mellum_proxy.http.routes import status_body
@@ -39,6 +39,8 @@ POLICY = (  # the page's own files, and its event stream: nothing else, from any
 STATE_EVERY_S = 1.0
 EXPLAIN_EVERY_S = 5.0
 BATCH_S = 0.2  # at most five writes a second, whatever the request rate: the page costs requests nothing
+MAX_PAGES = 8  # event streams open at once: pages left open in tabs never crowd out the editor's connections
+STALLED_S = 10.0  # a page that reads nothing this long (a suspended tab, a stuck reader) is let go
 DOCTOR_READS = ("reached_upstream", "outcome", "prompt_tokens_before", "inflight", "ttft_ms", "vram_peak_mib")
 PAGES = web.AppKey("pages", dict[str, int])  # "open": event streams open now; "closing": 1 once shutting down
 
@@ -88,6 +90,8 @@ async def events(request: web.Request) -> web.StreamResponse:
     """The page's one stream: kept records, then every change as it happens, and the state each second."""
     app = request.app
     check_host(request, app[SECTIONS].listen)
+    if app[PAGES]["open"] >= MAX_PAGES:
+        raise ServiceUnavailableError(f"{MAX_PAGES} live pages are open already: close one (or reload it)")
     stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
     request[STARTED] = True
     await stream.prepare(request)
@@ -95,11 +99,17 @@ async def events(request: web.Request) -> web.StreamResponse:
     pages["open"] += 1
     app[RECORDS].changes.notify()
     try:
-        with contextlib.suppress(ConnectionResetError):  # the page went away (or the shutdown closed it)
+        try:
             await _relay(app, stream)
             await stream.write_eof()
+        except ConnectionResetError:
+            pass  # the page went away (or the shutdown closed it)
+        except TimeoutError:  # it reads nothing: let it go
+            if request.transport is not None:
+                request.transport.abort()
     finally:
         pages["open"] -= 1
+        app[RECORDS].changes.notify()
     return stream
 
 
@@ -128,7 +138,8 @@ async def _relay(app: web.Application, stream: web.StreamResponse) -> None:
             out.append(_event("state", state))
             next_state = now + STATE_EVERY_S
         if out:
-            await stream.write(b"".join(out))
+            async with asyncio.timeout(STALLED_S):
+                await stream.write(b"".join(out))
         await _until_change(records, closing, added, judged, next_state - time.monotonic())
         await asyncio.sleep(BATCH_S)  # what finishes meanwhile goes out in the same write
 

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from mellum_proxy.http import RECORDS
 from tests.browser import chromium, chromium_binary
@@ -165,3 +166,37 @@ async def test_the_page_warns_while_completions_keep_ending_at_the_deadline(
                 warning = orjson.loads(line[6:])["warning"]
     assert warning.startswith("completions show nothing: 3 in a row ended at the deadline (timeout_ms=100)")
     stream.close()
+
+
+async def test_live_pages_have_a_limit_of_their_own_and_a_stalled_one_is_let_go(
+    make_proxy: ProxyFactory, fake_upstream: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """260 open streams locked the editor out: past `MAX_PAGES` a page is answered 503 (the editor is served);
+    a page that reads nothing is closed after `STALLED_S` of writes that cannot go out."""
+    from mellum_proxy.http import page as page_module
+
+    _, url = await fake_upstream()
+    proxy = await make_proxy(upstream=url, tokenizer="chars")
+    opened = [await proxy.get("/ui/events") for _ in range(page_module.MAX_PAGES)]
+    for stream in opened:
+        assert await stream.content.readline() == b"event: hello\n"
+    refused = await proxy.get("/ui/events")
+    assert refused.status == 503 and "live pages" in (await refused.json())["error"]["message"]
+    assert (await proxy.post("/v1/completions", json={"prompt": "x"})).status == 200
+    for stream in opened:
+        stream.close()
+    pages = proxy.app[page_module.PAGES]
+    await proxy.app[RECORDS].changes.wait_for(lambda: pages["open"] == 0, timeout_s=10)
+
+    monkeypatch.setattr(page_module, "STALLED_S", 0.05)
+    real_write = web.StreamResponse.write
+
+    async def stalled(self: web.StreamResponse, data: bytes) -> None:
+        if data.startswith(b"event: hello"):
+            return await real_write(self, data)
+        await asyncio.Event().wait()  # a reader that never reads: the write never drains
+
+    monkeypatch.setattr(web.StreamResponse, "write", stalled)
+    stuck = await proxy.get("/ui/events")
+    assert await stuck.content.readline() == b"event: hello\n"
+    await proxy.app[RECORDS].changes.wait_for(lambda: pages["open"] == 0, timeout_s=10)
