@@ -43,6 +43,11 @@ class ProxyError(Exception):
         return self.status
 
     @property
+    def kind(self) -> str:
+        """What the record's `error` says: the type, or a finer kind of it."""
+        return self.type
+
+    @property
     def shown(self) -> str:
         """The message as the console, `/status` and the page may show it: the proxy's own words (an upstream's
         text is reduced to its kind, length and hash: it may quote the prompt)."""
@@ -102,6 +107,15 @@ class UpstreamError(ProxyError):
 class UpstreamUnavailableError(UpstreamError):
     status = 502
     type = "upstream_unavailable"
+
+    def __init__(self, message: str, connected: bool = True) -> None:
+        """`connected`: False when no connection could be made at all (refused, no such host)."""
+        super().__init__(message)
+        self.connected = connected
+
+    @property
+    def kind(self) -> str:
+        return self.type if self.connected else "upstream_unreachable"
 
 
 class UpstreamTimeoutError(UpstreamError):

@@ -15,6 +15,7 @@ from mellum_proxy.telemetry.stats import percentile
 
 FAILED = {"upstream_error", "timeout"}
 SLOW_TTFT_MS = 1000.0
+NEVER_REACHED = "upstream_unreachable"  # a record's `error` when no connection to the server could be made
 MIN_FAILURES = 3  # a knob is named from this many failed or timed-out requests on, never from one
 
 
@@ -44,7 +45,20 @@ def read_probe(path: Path) -> tuple[float | None, float | None]:
 
 
 def diagnose(records: list[dict[str, Any]], probe: tuple[float | None, float | None] = (None, None)) -> dict[str, Any]:
-    reached = [r for r in records if r.get("reached_upstream") or r.get("outcome") in FAILED | {"ok"}]
+    never = [r for r in records if r.get("error") == NEVER_REACHED]
+    tried = FAILED | {"ok"}
+    reached = [
+        r
+        for r in records
+        if r.get("error") != NEVER_REACHED and (r.get("reached_upstream") or r.get("outcome") in tried)
+    ]
+    if never and not any(r.get("outcome") == "ok" for r in reached):
+        return {
+            "verdict": "the server was never reached",
+            "knob": "the address: --upstream (is the server started, and on that port?)",
+            "evidence": [f"{len(never)} requests could not connect to the upstream (connection refused or no such "
+                         f"host); {len(reached)} others reached it, none answered"],
+        }  # fmt: skip
     if not reached:
         return {"verdict": "no evidence", "knob": None, "evidence": ["no request reached the upstream in this log"]}
     evidence: list[str] = []

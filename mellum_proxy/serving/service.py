@@ -80,7 +80,7 @@ class CompletionService:
                 completion.count_usage(record.prompt_tokens_after or 0)
             await answer.finish(completion, outcome)
         except ProxyError as error:
-            record.ended(Outcome.UPSTREAM_ERROR, error.upstream_status)
+            record.ended(Outcome.UPSTREAM_ERROR, error.upstream_status, error.kind)
             await answer.fail(completion, error)
         except (asyncio.CancelledError, ConnectionResetError):
             record.ended(Outcome.CLIENT_GONE)  # the editor went away: the upstream stream is closed

@@ -97,7 +97,8 @@ class Telemetry:
         """Record a request that failed before the completion service had it (`bad_request`, or
         `upstream_error` for a 5xx)."""
         record = self.start(request)
-        record.ended(Outcome.BAD_REQUEST if error.status < 500 else Outcome.UPSTREAM_ERROR, error.upstream_status)
+        outcome = Outcome.BAD_REQUEST if error.status < 500 else Outcome.UPSTREAM_ERROR
+        record.ended(outcome, error.upstream_status, error.kind)
         self.finish(record, Completion(id=f"cmpl-{request.id}"))
 
 

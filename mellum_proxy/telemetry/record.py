@@ -55,6 +55,7 @@ class RequestRecord:
     truncated: bool | None = None
     tokenizer: str | None = None
     reached_upstream: bool = False  # a request was opened to the model server
+    error: str | None = None  # what failed it: its type (`upstream_unreachable`: no connection could be made)
     cleaned: str | None = None  # the post-processing rule that ended or trimmed the completion
     vram_used_mib_start: float | None = None
     vram_used_mib_end: float | None = None
@@ -115,10 +116,12 @@ class RequestRecord:
         """The model server's answer ended well."""
         self.upstream_status = 200
 
-    def ended(self, outcome: Outcome, upstream_status: int | None = None) -> None:
+    def ended(self, outcome: Outcome, upstream_status: int | None = None, error: str | None = None) -> None:
         self.outcome = outcome
         if upstream_status is not None:
             self.upstream_status = upstream_status
+        if error is not None:
+            self.error = error
 
     def gpu_window(self, source: str, start_mib: float | None) -> None:
         self.vram_source, self.vram_used_mib_start = source, start_mib

@@ -30,7 +30,7 @@ def translate_errors(url: str) -> Iterator[None]:
     except UpstreamError:
         raise
     except aiohttp.ClientConnectorError as exc:
-        raise UpstreamUnavailableError(f"cannot connect to upstream {url}: {exc.os_error}") from exc
+        raise UpstreamUnavailableError(f"cannot connect to upstream {url}: {exc.os_error}", connected=False) from exc
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise UpstreamTimeoutError(f"upstream {url} did not answer in time") from exc
     except aiohttp.ServerDisconnectedError as exc:
