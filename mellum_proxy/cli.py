@@ -111,8 +111,15 @@ def _probe(args: argparse.Namespace) -> None:
 
 
 def _baseline(args: argparse.Namespace) -> None:
+    from mellum_proxy.config import upstream_base_url
     from mellum_proxy.planner.probe import baseline
+    from mellum_proxy.upstream.client import server_problem, unreachable_line
 
+    if args.upstream != "embedded":  # a server the user started: it must answer now, not in 120 s
+        url = upstream_base_url(args.upstream)
+        problem = asyncio.run(server_problem(url))
+        if problem is not None:
+            fail(unreachable_line(url, problem))
     try:
         book = asyncio.run(baseline(args.upstream, args.idle_s, args.gpu, args.upstream_pid, args.model))
     except (OSError, RuntimeError, TimeoutError) as exc:

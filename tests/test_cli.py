@@ -111,3 +111,34 @@ def test_every_numeric_flag_rejects_impossible_values(
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and flag in err, err
+
+
+TRACE = str(
+    Path(__file__).resolve().parent.parent / "mellum_proxy" / "bench" / "traces" / "json-crdt-blog-post.json.gz"
+)
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["bench", "replay", "--policy", "direct", "--limit-events", "20", TRACE],
+        ["bench", "ladder"],
+        ["profile"],
+        ["baseline", "--idle-s", "1"],
+    ],
+)
+def test_tools_end_in_one_line_when_the_server_never_answers(
+    words: list[str], unused_tcp_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not a report of zeros (exit 0), a wait that never returns, or the HTML of a web server's error page."""
+    from mellum_proxy.cli import main
+
+    argv = [*words, "--upstream", f"http://127.0.0.1:{unused_tcp_port}"]
+    if words[0] == "bench" and words[1] == "replay":
+        argv += ["--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not serve (connection refused" in err[0] and "--upstream" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -259,10 +259,15 @@ def run_profile(args: argparse.Namespace) -> None:
 
     from mellum_proxy.config import upstream_base_url
     from mellum_proxy.planner.profile import ProfileError, profile
+    from mellum_proxy.upstream.client import server_problem, unreachable_line
 
     async def measure() -> Any:
         if args.upstream != "embedded":
-            return await profile(upstream_base_url(args.upstream), args.name, print)
+            url = upstream_base_url(args.upstream)
+            problem = await server_problem(url)
+            if problem is not None:
+                fail(unreachable_line(url, problem))
+            return await profile(url, args.name, print)
         from mellum_proxy.upstream.embedded import EmbeddedServer
 
         server = EmbeddedServer(ctx_tokens=4096, slots=2)  # as `bench ... --upstream embedded` starts it

@@ -345,6 +345,17 @@ class UpstreamClient:
 LET_GO_POLL_S = 0.01
 
 
+async def server_problem(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why the model server at `url` cannot serve, in words (None: it can): for a command that needs it now."""
+    async with aiohttp.ClientSession() as session:
+        return await UpstreamClient(session, url).answer_problem(timeout_s)
+
+
+def unreachable_line(url: str, problem: str) -> str:
+    """The one line a command ends with when the server at `url` does not serve."""
+    return f"the server at {redact_url(url)} does not serve ({problem}): start it, or check --upstream"
+
+
 def _held_from(source: str, text: str) -> int | None:
     if source == "/slots":
         try:

@@ -23,5 +23,7 @@ async def test_refused_requests_point_at_the_address(make_proxy: ProxyFactory, u
 
 
 def test_a_server_that_answered_errors_is_still_judged_by_its_failures() -> None:
-    failed: list[dict[str, Any]] = [{"outcome": "upstream_error", "error": "server_error", "reached_upstream": True}] * 5
+    failed: list[dict[str, Any]] = [
+        {"outcome": "upstream_error", "error": "server_error", "reached_upstream": True}
+    ] * 5
     assert diagnose(failed)["verdict"] == "fails at load (or the server is down)"

@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 
 from mellum_proxy.config import upstream_base_url
+from mellum_proxy.console import fail
+from mellum_proxy.upstream.client import server_problem, unreachable_line
 
 
 @contextlib.asynccontextmanager
@@ -31,7 +33,11 @@ async def upstream_for(spec: str) -> AsyncIterator[tuple[str, str]]:
         async with serve_app(SimServer(chosen).app()) as url:
             yield url, f"sim:{chosen.name} ({chosen.source})"
     else:
-        yield upstream_base_url(spec), spec
+        url = upstream_base_url(spec)
+        problem = await server_problem(url)
+        if problem is not None:
+            fail(unreachable_line(url, problem))  # one line and exit 2, before a replay of zeros
+        yield url, spec
 
 
 async def context_limit(url: str) -> int | None:

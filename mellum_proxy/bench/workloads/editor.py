@@ -235,6 +235,8 @@ class Plugin:
             raise
         except (aiohttp.ClientError, TimeoutError) as exc:
             result.error = type(exc).__name__
+        except (ValueError, LookupError, TypeError, AttributeError):  # an answer that is no completion (a web
+            result.error = "not a completion answer"  # server's page): the request's failure, not a crash
 
     async def drain(self, timeout_s: float = 15.0) -> None:
         """Wait for the requests still open (cancelling what is left after `timeout_s`)."""
