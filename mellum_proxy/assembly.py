@@ -27,7 +27,6 @@ from mellum_proxy.budget import (
     UpstreamTokenizer,
     template_for,
 )
-from mellum_proxy.budget.gguf_vocab import UnsupportedVocabulary
 from mellum_proxy.budget.local import load_local
 from mellum_proxy.budget.tokenizers import Tokenize, upstream_counter
 from mellum_proxy.clock import LOOP_CLOCK, Clock
@@ -97,8 +96,8 @@ async def build_counter(section: BudgetSection, upstream: Tokenize, model: str |
     if choice != "auto":
         try:
             return await asyncio.to_thread(load_local, Path(choice))  # reading the file blocks
-        except UnsupportedVocabulary as exc:
-            raise ValueError(str(exc)) from exc
+        except ValueError as exc:  # no tokenizer in it (UnsupportedVocabulary too): said in one line at start
+            raise RuntimeError(f"--tokenizer {choice}: {exc}") from exc
     return await upstream_counter(upstream, model) or CharsEstimator()
 
 

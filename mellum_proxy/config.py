@@ -7,6 +7,7 @@ in `Settings.settings_customise_sources`.
 
 from __future__ import annotations
 
+import difflib
 import getpass
 import ipaddress
 import os
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -204,7 +206,9 @@ class Settings(BaseSettings):
         description="Append one JSON line per request to this file (no source text); `off` for none "
         "(default: requests.jsonl in the user's state folder).",
     )
-    log_max_mb: float = Field(64.0, gt=0, description="Rotate the request log past this size (keeps 3).")
+    log_max_mb: float = Field(
+        64.0, gt=0, le=1024 * 1024, allow_inf_nan=False, description="Rotate the request log past this size (keeps 3)."
+    )
     log_content: bool = Field(False, description="Also log prompt, suffix and completion text.")
     record: Path | None = Field(None, description="Record every incoming completion request (for bench replay).")
     vram_interval_ms: int = Field(200, ge=10, description="GPU memory sampling period.")
@@ -233,7 +237,8 @@ class Settings(BaseSettings):
         if value in ("auto", "upstream", "chars"):
             return value
         path = Path(value).expanduser()
-        if not path.exists():
+        usable = path.is_dir() or (path.is_file() and path.suffix.lower() in (".json", ".gguf"))
+        if not usable:
             raise ValueError("expected auto, upstream, chars, or a path: tokenizer.json, .gguf or model directory")
         return str(path)
 
@@ -264,6 +269,8 @@ class Settings(BaseSettings):
         for url in value:
             if not isinstance(url, str) or not url.strip().startswith(("http://", "https://")):
                 raise ValueError("expected an http:// or https:// URL")
+            if not urlsplit(url.strip()).hostname or _has_control(url):
+                raise ValueError("expected an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080")
         return tuple(upstream_base_url(url) for url in value)
 
     @field_validator("upstream_header", mode="before")
@@ -275,7 +282,25 @@ class Settings(BaseSettings):
             name = name.strip()
             if not sep or not name or any(c in name for c in " :\r\n"):
                 raise ValueError(f"expected NAME=VALUE, got {item!r}")
+            if _has_control(str(item)):
+                raise ValueError(f"a header may hold no line break or control character: {item!r}")
         return value
+
+    @field_validator("developer_id")
+    @classmethod
+    def _check_developer_id(cls, value: str) -> str:
+        if _has_control(value):
+            raise ValueError("it is sent as a header value: no line break or control character")
+        return value
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Settings:
+        if self.max_tokens >= self.max_context_tokens:
+            raise ValueError(
+                f"max_tokens ({self.max_tokens}) must be below max_context_tokens ({self.max_context_tokens}): "
+                "the prompt needs room too"
+            )
+        return self
 
     @property
     def headers(self) -> dict[str, str]:
@@ -359,6 +384,33 @@ def load_settings(cli: Mapping[str, Any] | None = None, config_file: Path | None
         raise SettingsError(f"config file {path}: {exc}") from exc
 
 
+def _has_control(text: str) -> bool:
+    """Whether `text` holds a line break or another control character (it would split an HTTP header)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def unknown_environment() -> list[str]:
+    """`MELLUM_PROXY_*` variables that name no setting (a typo is otherwise ignored), each with the setting its
+    name is closest to, if any."""
+    names = {name.upper(): name for name in Settings.model_fields}
+    unknown = []
+    for variable in sorted(os.environ):
+        if not variable.startswith("MELLUM_PROXY_") or variable in NOT_SETTINGS:
+            continue
+        name = variable.removeprefix("MELLUM_PROXY_")
+        if name not in names:
+            close = difflib.get_close_matches(name, list(names), n=1)
+            unknown.append(
+                f"{variable} names no setting" + (f" (did you mean MELLUM_PROXY_{close[0]}?)" if close else "")
+            )
+    return unknown
+
+
+NOT_SETTINGS = frozenset({  # the project's own test switches (Makefile, .ci/run), not the proxy's settings
+    "MELLUM_PROXY_TEST_VLLM", "MELLUM_PROXY_VLLM_PYTHON", "MELLUM_PROXY_VLLM_MODEL", "MELLUM_PROXY_REQUIRE_BROWSER",
+})  # fmt: skip
+
+
 def _from_file(path: Path) -> type[Settings]:
     """`Settings` whose TOML source reads `path` (a `Settings` in every other way)."""
     config = SettingsConfigDict(**{**Settings.model_config, "toml_file": path})
@@ -371,4 +423,6 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
     if first["type"] == "extra_forbidden":
         where = f" in {path}" if path else ""
         return f"unknown setting '{name}'{where}"
+    if not first["loc"]:  # a combination of settings
+        return f"invalid settings: {str(first['msg']).removeprefix('Value error, ')}"
     return f"invalid setting '{name}' = {first.get('input')!r}: {first['msg']}"

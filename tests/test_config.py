@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mellum_proxy.config import Settings, SettingsError, load_settings
+from mellum_proxy.config import Settings, SettingsError, load_settings, unknown_environment
 
 
 def write(path: Path, text: str) -> Path:
@@ -83,6 +83,13 @@ def test_unknown_toml_key_names_it(tmp_path: Path) -> None:
         ({"max_inflight": "0"}, "'max_inflight'"),
         ({"listen": "localhost"}, "'listen'"),
         ({"upstream": "ftp://x"}, "'upstream'"),
+        ({"upstream": "http://"}, "'upstream'.*with a host"),
+        ({"log_max_mb": "inf"}, "'log_max_mb'"),
+        ({"log_max_mb": "nan"}, "'log_max_mb'"),
+        ({"tokenizer": "/etc/hostname"}, "'tokenizer'"),
+        ({"upstream_header": ["X-Team=a\r\nInjected: yes"]}, "'upstream_header'.*line break"),
+        ({"developer_id": "alice\r\nX-Evil: 1"}, "'developer_id'.*line break"),
+        ({"max_tokens": "2048", "max_context_tokens": "2048"}, "max_tokens .2048. must be below max_context_tokens"),
     ],
 )
 def test_invalid_value_names_the_setting(values: dict[str, str], needle: str) -> None:
@@ -95,6 +102,14 @@ def test_invalid_env_value_names_the_setting(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("MELLUM_PROXY_TIMEOUT_MS", "soon")
     with pytest.raises(SettingsError, match="'timeout_ms'"):
         load_settings()
+
+
+def test_unknown_environment_variables_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MELLUM_PROXY_TIMEOUT_MSS", "5")
+    monkeypatch.setenv("MELLUM_PROXY_REQUIRE_BROWSER", "1")  # the project's own test switch, not a setting
+    assert unknown_environment() == [
+        "MELLUM_PROXY_TIMEOUT_MSS names no setting (did you mean MELLUM_PROXY_TIMEOUT_MS?)"
+    ]
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
