@@ -10,6 +10,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from mellum_proxy.config import DEFAULT_CONFIG_FILE, Settings, SettingsError, load_settings
 from mellum_proxy.console import fail
 from mellum_proxy.editor import service
@@ -51,13 +53,21 @@ def running_settings(settings: Settings, timeout_s: float = 2.0) -> tuple[Settin
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             status = json.loads(resp.read())
-        running = {name: status["settings"][name] for name in CONFIG_FIELDS}
-        context = status.get("discovered", {}).get("context_tokens")
-    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+    except (urllib.error.URLError, OSError, ValueError):
         return None
-    if isinstance(context, int) and context > 0:
-        running["max_context_tokens"] = min(running["max_context_tokens"], context)
-    return settings.model_copy(update=running), url
+    try:
+        running = {name: status["settings"][name] for name in CONFIG_FIELDS}
+        context = (status.get("discovered") or {}).get("context_tokens")
+        if isinstance(context, int) and not isinstance(context, bool) and context > 0:
+            running["max_context_tokens"] = min(running["max_context_tokens"], context)
+        # validated as the settings they are (nan, a negative deadline, a wrong type are refused), not trusted
+        checked = Settings.model_validate({**settings.model_dump(), **running})
+    except (KeyError, TypeError, AttributeError, ValidationError) as exc:
+        why = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else f"no {exc}"
+        print(f"editor-config: warning: the proxy at {url} answered settings that do not hold ({why}); "
+              "using the flags instead", file=sys.stderr)  # fmt: skip
+        return None
+    return checked, url
 
 
 def run_editor_config(args: argparse.Namespace) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
 from mellum_proxy.cli import main
 from mellum_proxy.config import Settings
@@ -212,3 +213,38 @@ async def test_editor_config_reads_the_running_proxy_and_says_so(
     await asyncio.to_thread(main, ["editor-config", "continue", "--listen", listen, "--offline"])
     out, err = capsys.readouterr()
     assert err == "" and "modelTimeout: 2000" in out
+
+
+GOOD = {"dispatch": "adaptive", "debounce_ms": 0, "timeout_ms": 900, "max_context_tokens": 2048, "max_tokens": 64}
+
+
+@pytest.mark.parametrize(
+    "crafted",
+    [
+        {"settings": {**GOOD, "debounce_ms": float("nan")}},
+        {"settings": {**GOOD, "timeout_ms": -5}},
+        {"settings": {**GOOD, "dispatch": None}},
+        {"settings": {**GOOD, "max_context_tokens": []}},
+        {"settings": "none"},
+        {"settings": {"dispatch": "adaptive"}},
+        [1, 2],
+    ],
+)
+async def test_editor_config_trusts_no_status_it_cannot_validate(
+    crafted: Any, aiohttp_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A /status answer that would write `nan`, a Lua nil or a negative timeout into the config (or crash the
+    command) is said and set aside: the config comes from the flags."""
+
+    async def status(request: web.Request) -> web.Response:
+        return web.Response(body=json.dumps(crafted).encode(), content_type="application/json")  # NaN as written
+
+    app = web.Application()
+    app.router.add_get("/status", status)
+    server = await aiohttp_server(app)
+    listen = f"127.0.0.1:{server.port}"
+    await asyncio.to_thread(main, ["editor-config", "continue", "--listen", listen])
+    out, err = capsys.readouterr()
+    assert "modelTimeout: 2000" in out and "nan" not in out.lower()  # the flags' defaults
+    if isinstance(crafted, dict) and isinstance(crafted.get("settings"), dict):
+        assert "do not hold" in err and "using the flags" in err
