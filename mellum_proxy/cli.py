@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -151,6 +152,19 @@ _COMMANDS = {"serve": _serve, "stats": _stats, "probe": _probe, "baseline": _bas
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run one command; output into a pipe that closed early (`stats | head -1`) ends it quietly."""
+    try:
+        _run(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # what is still buffered cannot be written: send it nowhere, so the interpreter's own flush at exit
+        # does not raise again (the recipe of Python's `signal` documentation)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
+
+
+def _run(argv: Sequence[str] | None) -> None:
     from mellum_proxy.editor.cli import HANDLERS as EDITOR
     from mellum_proxy.planner.cli import HANDLERS as PLANNER
 

@@ -142,3 +142,23 @@ def test_tools_end_in_one_line_when_the_server_never_answers(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not serve (connection refused" in err[0] and "--upstream" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+CONFIGS = Path(__file__).resolve().parent.parent / "mellum_proxy" / "planner" / "configs"
+
+
+@pytest.mark.parametrize("words", [["stats"], ["inspect", str(CONFIGS / "mellum-4b-base")]])
+def test_output_into_a_closed_pipe_ends_quietly(words: list[str], tmp_path: Path) -> None:
+    """`mellum-proxy stats | head -1` raised BrokenPipeError in 4 of 6 runs."""
+    log = tmp_path / "requests.jsonl"
+    line = b'{"event": "request", "id": "a", "outcome": "ok", "ttft_ms": 12.0, "dialect": "openai"}\n'
+    log.write_bytes(line * 2000)
+    argv = [sys.executable, "-m", "mellum_proxy", *words] + ([str(log)] if words == ["stats"] else [])
+    for _ in range(3):
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "HOME": str(tmp_path)}) as proc:  # fmt: skip
+            assert proc.stdout is not None and proc.stderr is not None
+            proc.stdout.readline()
+            proc.stdout.close()  # as `head -1` does once it has its line
+            err = proc.stderr.read().decode()
+            assert proc.wait(timeout=60) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
