@@ -4,13 +4,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast test-vllm lint docs gpu-check clean
+.PHONY: run test test-fast test-vllm lint docs docs-generate gpu-check clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mellum-proxy needs Python >= 3.11")'
+	@echo "first use: installing mellum-proxy and what it needs into $(VENV) (a few hundred MB; a minute or two)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,bench,dev,docs]'
+	$(BIN)/python -m pip install --progress-bar on -e '.[embedded,bench,dev,docs]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -50,6 +51,12 @@ lint: $(STAMP)
 # The docs site (mkdocs + Material) into site/; --strict: a broken link or a setting without its entry fails it.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# The generated parts of the Markdown pages (each setting's flag, variable and default; the `make run` editor
+# configs), written into the files; `make test` fails while a page differs from what this writes.
+docs-generate: $(STAMP)
+	$(BIN)/python docs/hooks/settings_reference.py
+	$(BIN)/python docs/hooks/editor_configs.py
 
 gpu-check: $(STAMP)
 	$(BIN)/python -m mellum_proxy.bench.runners.gpu_check

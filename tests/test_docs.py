@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
 
-def _hook() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("settings_reference", DOCS / "hooks" / "settings_reference.py")
+def _hook(name: str = "settings_reference") -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, DOCS / "hooks" / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -53,6 +53,18 @@ def test_the_settings_reference_names_every_setting_once() -> None:
         assert f"`MELLUM_PROXY_{name.upper()}`" in rendered
     assert "`--reuse` / `--no-reuse`" in rendered  # a boolean has both flags
     assert f"(`{EMBEDDED_DEFAULTS['timeout_ms']}` with `--embedded`)" in rendered
+
+
+def test_the_pages_hold_what_the_generators_write() -> None:
+    """The settings' lines and the `make run` editor configs are in the Markdown itself (a reader of the files
+    sees them, not only the site's): `make docs-generate` writes them, and this fails while a page differs."""
+    page = (DOCS / "configuration.md").read_text()
+    assert _hook().render(page) == page, "configuration.md is stale: run make docs-generate"
+    editors = _hook("editor_configs")
+    for path in sorted((DOCS / "editors").glob("*.md")):
+        text = path.read_text()
+        assert editors.render_page(text) == text, f"{path.name} is stale: run make docs-generate"
+    assert "127.0.0.1:8011" in (DOCS / "editors" / "continue.md").read_text()  # the config itself, in the file
 
 
 def test_a_setting_missing_from_the_reference_fails_the_build() -> None:

@@ -1,6 +1,8 @@
-r"""An mkdocs hook: under each `### \`name\`` heading of `configuration.md`, the setting's flag, environment
-variable, default and summary, read from `mellum_proxy.config.Settings`. A setting without a heading, or a
-heading that names no setting, fails the build, so the reference cannot drift from the code."""
+r"""Under each `### \`name\`` heading of `configuration.md`, the setting's flag, environment variable, default
+and summary, read from `mellum_proxy.config.Settings`, written into the page itself (so it reads whole as
+Markdown too): `python docs/hooks/settings_reference.py` (`make docs-generate`) writes them; as an mkdocs hook it
+fills them in again, and the test suite fails while the page differs from what it would write. A setting without
+a heading, or a heading that names no setting, fails the build, so the reference cannot drift from the code."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from mellum_proxy.config import EMBEDDED_DEFAULTS, Settings
 
 PAGE = "configuration.md"
 HEADING = re.compile(r"^### `(\w+)`$", re.MULTILINE)
+GENERATED = re.compile(r"^(### `\w+`)\n\n`--[^\n]*\n", re.MULTILINE)  # a heading and the line written under it
 
 
 class SettingsDrift(ValueError):
@@ -45,8 +48,16 @@ def render(markdown: str) -> str:
     unknown = [name for name in named if name not in Settings.model_fields]
     if missing or unknown or len(named) != len(set(named)):
         raise SettingsDrift(f"{PAGE}: settings without a heading {missing}, headings of no setting {unknown}")
-    return HEADING.sub(lambda m: f"{m.group(0)}\n\n{describe(m.group(1))}", markdown)
+    bare = GENERATED.sub(lambda m: m.group(1) + "\n", markdown)  # what was written before, taken out
+    return HEADING.sub(lambda m: f"{m.group(0)}\n\n{describe(m.group(1))}", bare)
 
 
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
     return render(markdown) if page.file.src_uri == PAGE else markdown
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / PAGE
+    path.write_text(render(path.read_text()))

@@ -81,7 +81,10 @@ def add_commands(commands: Any) -> None:
     _spec_options(sweep_p)
 
     log = commands.add_parser("inspect-log", help="what a server's start-up log says it allocated, vs the estimate")
-    log.add_argument("file", type=Path)
+    log.add_argument("file", type=Path, nargs="?", help="a start-up log (or --embedded)")
+    log.add_argument("--embedded", action="store_true",
+                     help="start the embedded llama.cpp server (with --model, that GGUF) and read its log")  # fmt: skip
+    log.add_argument("--save", type=Path, help="with --embedded: also keep the log in this file")
     log.add_argument("--model", type=Path, help="model directory or .gguf, for estimate vs measured")
     log.add_argument("--json", action="store_true")
 
@@ -165,13 +168,30 @@ def run_sweep(args: argparse.Namespace) -> None:
 
 
 def run_inspect_log(args: argparse.Namespace) -> None:
-    try:
-        text = args.file.read_text(errors="replace")
-    except OSError as exc:
-        fail(f"cannot read {args.file}: {exc.strerror}")
+    if args.embedded == (args.file is not None):
+        fail("inspect-log takes a log FILE or --embedded (one of them)")
+    if args.embedded:
+        from mellum_proxy.upstream.embedded import packaged_model, start_log
+
+        try:
+            model = args.model if args.model is not None and args.model.suffix == ".gguf" else None
+            text = start_log(model)
+            if args.model is None:
+                args.model = packaged_model()
+            if args.save is not None:
+                args.save.write_text(text)
+        except (RuntimeError, OSError) as exc:
+            fail(f"inspect-log --embedded: {exc}")
+        source = "the embedded server's log"
+    else:
+        try:
+            text = args.file.read_text(errors="replace")
+        except OSError as exc:
+            fail(f"cannot read {args.file}: {exc.strerror}")
+        source = str(args.file)
     found = parse_log(text)
     if found.backend is None:
-        fail(f"{args.file}: no vLLM, llama.cpp or Ollama allocation lines found")
+        fail(f"{source}: no vLLM, llama.cpp or Ollama allocation lines found")
     result: dict[str, Any] = {"backend": found.backend, "weights_bytes": found.weights_bytes,
                               "kv_bytes": found.kv_bytes, "compute_bytes": found.compute_bytes,
                               "facts": found.facts, "evidence": found.evidence}  # fmt: skip

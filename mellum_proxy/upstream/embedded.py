@@ -97,3 +97,34 @@ class EmbeddedServer:
         self._server = None
         self.url = None
         gc.collect()
+
+
+_LOG_CHILD = """
+import os, sys
+from pathlib import Path
+from mellum_proxy.upstream.embedded import EmbeddedServer
+server = EmbeddedServer(Path(sys.argv[1]) if sys.argv[1] else None, int(sys.argv[2]), int(sys.argv[3]), verbosity=4)
+server.start()
+sys.stderr.flush()
+os._exit(0)  # the start-up log is all that is wanted: no stop(), which can wait on llama.cpp's threads
+"""
+
+
+def start_log(model: Path | None = None, ctx_tokens: int = 4096, slots: int = 2, timeout_s: float = 300.0) -> str:
+    """What llama.cpp logs (its buffer sizes) while the embedded server starts, from a process of its own.
+
+    Raises:
+        RuntimeError: the server did not start (its last lines said why) or took longer than `timeout_s`.
+    """
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", _LOG_CHILD, str(model or ""), str(ctx_tokens), str(slots)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"the embedded server did not start within {timeout_s:.0f} s") from exc
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the embedded server did not start: {last}")
+    return done.stdout + done.stderr

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 from mellum_proxy.cli import main
 from mellum_proxy.planner.logs import parse_log
-from mellum_proxy.upstream.embedded import packaged_model
+from mellum_proxy.upstream.embedded import packaged_model, start_log
 
 # Quoted from public bug reports (the lines as their authors pasted them):
 VLLM_LOG = """\
@@ -34,25 +33,13 @@ Jul 24 21:50:06 vega ollama[132945]: llm_load_tensors:      ROCm0 buffer size = 
 Jul 24 21:50:08 vega ollama[132945]: llama_kv_cache_init:      ROCm0 KV buffer size =   344.00 MiB
 """  # ollama/ollama issue 5913 (an older llama.cpp inside Ollama)
 
-# The buffer sizes are all logged by the time `start()` returns. The process then exits at once:
-# xllamacpp's teardown in a short-lived process took 12 s on an idle machine and over 120 s with both
-# cores busy, and it is not what this test is about.
-STARTUP = """
-import os, sys
-from mellum_proxy.upstream.embedded import EmbeddedServer
-server = EmbeddedServer(ctx_tokens=4096, slots=2, verbosity=4)
-server.start()
-sys.stdout.flush(); sys.stderr.flush()
-os._exit(0)
-"""
-
 
 @pytest.fixture(scope="module")
 def llama_startup_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real start-up log of the embedded llama.cpp server, with its buffer sizes."""
-    result = subprocess.run([sys.executable, "-c", STARTUP], capture_output=True, text=True, timeout=120, check=True)
+    """The real start-up log of the embedded llama.cpp server, with its buffer sizes (`start_log`: in a process
+    that exits once started; xllamacpp's teardown took 12 s idle and over 120 s with both cores busy)."""
     path = tmp_path_factory.mktemp("logs") / "llama-server.log"
-    path.write_text(result.stderr + result.stdout)
+    path.write_text(start_log(ctx_tokens=4096, slots=2, timeout_s=120))
     return path
 
 
@@ -103,3 +90,21 @@ def test_a_file_with_no_allocation_lines_is_one_line_exit_2(tmp_path: Path, caps
     with pytest.raises(SystemExit) as info:
         main(["inspect-log", str(log)])
     assert info.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.embedded
+def test_inspect_log_embedded_reads_the_embedded_servers_own_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The input `inspect-log` needs, made by the tool: the embedded llama.cpp's start-up log (its buffer sizes),
+    compared with the estimate for the packaged GGUF; `--save` keeps the log."""
+    from mellum_proxy.cli import main
+
+    main(["inspect-log", "--embedded", "--json", "--save", str(tmp_path / "server.log")])
+    result = orjson.loads(capsys.readouterr().out)
+    assert result["backend"] == "llama.cpp" and result["weights_bytes"] > 0 and result["kv_bytes"] > 0
+    assert set(result["comparison"]) >= {"weights", "kv"}
+    assert "llama" in (tmp_path / "server.log").read_text()
+    with pytest.raises(SystemExit) as exited:
+        main(["inspect-log"])
+    assert exited.value.code == 2
