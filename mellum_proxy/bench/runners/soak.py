@@ -1,14 +1,15 @@
 """`mellum-proxy bench soak`: many mixed requests with faults injected; does anything leak or go unlogged?
 
-`mellum-proxy serve` runs as its own process, with a request log, in front of three upstreams in
-failover order: a captive portal (HTML for everything), a server that accepts and never answers,
-and this process's `FaultUpstream`, which serves. `clients` concurrent editors (one session each)
-send `requests` completions: every dialect, streamed or not; most answered normally, the rest
-meeting an upstream fault (named in the prompt), a malformed body, a client that goes away
-mid-answer or reads slowly, or coming from a web page (a foreign `Origin`, a `text/plain` body). The proxy's VmRSS, open
-file descriptors, threads and asyncio tasks are read once it is warm and after every tenth of the
-requests. At the end the proxy is stopped with SIGTERM and its log read back: every request that
-got an answer must have its line (by `X-Request-Id`), and no answer may be a 500.
+`mellum-proxy serve` runs as its own process, with a request log, in front of three upstreams in failover
+order: a captive portal (HTML for everything), a server that accepts and never answers, and this process's
+`FaultUpstream`, which serves. `clients` concurrent editors (one session each) send `requests` completions:
+every dialect, streamed or not; most answered normally, the rest meeting an upstream fault (named in the
+prompt), a malformed body, a client that goes away at a random moment (queued, waiting, mid-answer) or reads
+slowly, or coming from a web page (a foreign `Origin`, a `text/plain` body). The proxy's VmRSS, open file
+descriptors, threads and asyncio tasks are read once it is warm and after every tenth of the requests. At the
+end the proxy is stopped with SIGTERM and its log read back: every request that got an answer must have its
+line (by `X-Request-Id`), no answer may be a 500, and the proxy's stderr (kept in a file) must hold no
+traceback and stay under `STDERR_LINES` lines.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import orjson
 from mellum_proxy.bench.doubles.fault_upstream import FaultUpstream, SilentServer, captive_portal
 from mellum_proxy.bench.reporting.writing import command, write_report
 from mellum_proxy.bench.runners.processes import free_port, process_state, wait_healthy
-from mellum_proxy.console import INDEX, POSITIVE, fail
+from mellum_proxy.console import INDEX, POSITIVE, fail, real
 from mellum_proxy.http import serve_app
 from mellum_proxy.telemetry.stats import read_log
 
@@ -43,13 +44,17 @@ def add_commands(commands: Any) -> None:
     soak.add_argument("--requests", type=POSITIVE, default=100_000, help="requests in all [default: 100000]")
     soak.add_argument("--clients", type=POSITIVE, default=8, help="concurrent editors [default: 8]")
     soak.add_argument("--seed", type=INDEX, default=0, help="of the request mix [default: 0]")
+    soak.add_argument("--gone", type=real(0.0, 0.9), default=GONE_SHARE,
+                      help=f"share of clients that leave at a random moment [default: {GONE_SHARE}]")  # fmt: skip
 
 
 def _soak(args: argparse.Namespace) -> None:
-    result = asyncio.run(measure(args.requests, args.clients, args.seed, progress=print))
+    result = asyncio.run(measure(args.requests, args.clients, args.seed, progress=print, gone=args.gone))
     write_report(args.out, "soak", result, render)
     if result["answered_not_logged"] or "500" in result["statuses"]:
         fail("soak: an answer was a 500 or went unlogged (see the report)")
+    if result["stderr_tracebacks"] or result["stderr_lines"] >= STDERR_LINES:
+        fail(f"soak: the proxy's stderr had {result['stderr_tracebacks']} tracebacks in {result['stderr_lines']} lines")
 
 
 # fault -> share of requests (the rest of the mix: malformed bodies and clients that go away)
@@ -57,9 +62,12 @@ FAULT_MIX = {
     "ok": 0.80, "status_500": 0.03, "drop_after_first": 0.03, "error_event_after_first": 0.03,
     "garbage_after_first": 0.02, "usage_not_numbers": 0.02, "html_answer": 0.02, "json_answer": 0.02,
     "multiline_data": 0.02, "drop_before_headers": 0.005, "stall_after_first": 0.003, "huge_event": 0.002,
+    "empty_stream": 0.005, "done_only": 0.005, "stall_after_headers": 0.002,
 }  # fmt: skip
+STDERR_LINES = 100  # what a background service may write in a soak: its start, its upstreams' changes
 MALFORMED_SHARE = 0.05
 GONE_SHARE = 0.03
+GONE_WITHIN_S = 0.03  # a leaving client leaves this long after sending, at the most (answers take milliseconds)
 PAGE_SHARE = 0.03  # a web page's request: a foreign Origin, or a text/plain body (403 / 415)
 SLOW_SHARE = 0.03  # a client that reads its answer 64 bytes at a time
 BODIES = {
@@ -74,8 +82,10 @@ MALFORMED = [b"{not json", b'{"prompt": 3}', b"[]", b'{"input_prefix": [1]}', b'
 class Client:
     """One editor: a session of its own, sending requests one after another."""
 
-    def __init__(self, number: int, session: aiohttp.ClientSession, url: str, seed: int) -> None:
-        self.number, self.session, self.url = number, session, url
+    def __init__(
+        self, number: int, session: aiohttp.ClientSession, url: str, seed: int, gone: float = GONE_SHARE
+    ) -> None:
+        self.number, self.session, self.url, self.gone_share = number, session, url, gone
         self.rng = random.Random(seed * 1000 + number)
         self.answered: dict[str, int] = {}  # request id -> status
         self.gone = 0
@@ -100,11 +110,17 @@ class Client:
                 page = self.rng.choice([{"Origin": "https://attacker.example"}, {"Content-Type": "text/plain"}])
                 headers |= page
         self.kinds[kind] += 1
-        async with self.session.post(self.url + path, data=data, headers=headers) as resp:
-            if kind == "gone":
+        if kind == "gone":  # the editor goes away at a random moment: queued, waiting, or mid-answer
+            try:
+                async with asyncio.timeout(self.rng.uniform(0.0, GONE_WITHIN_S)):
+                    await self._send(path, data, headers, kind)
+            except TimeoutError:
                 self.gone += 1
-                resp.close()  # the editor went away before the end of the answer
-                return
+            return
+        await self._send(path, data, headers, kind)
+
+    async def _send(self, path: str, data: bytes, headers: dict[str, str], kind: str) -> None:
+        async with self.session.post(self.url + path, data=data, headers=headers) as resp:
             if kind == "slow":
                 async for _ in resp.content.iter_chunked(64):
                     await asyncio.sleep(0.005)  # the pace of a slow reader
@@ -113,7 +129,7 @@ class Client:
             self.answered[resp.headers["X-Request-Id"]] = resp.status
 
     def _kind(self, roll: float) -> str:
-        for kind, share in (("gone", GONE_SHARE), ("page", PAGE_SHARE), ("slow", SLOW_SHARE)):
+        for kind, share in (("gone", self.gone_share), ("page", PAGE_SHARE), ("slow", SLOW_SHARE)):
             if roll < share:
                 return kind
             roll -= share
@@ -124,7 +140,9 @@ class Client:
             await self.one()
 
 
-async def measure(requests: int, clients: int, seed: int, progress: Callable[[str], None]) -> dict[str, Any]:
+async def measure(
+    requests: int, clients: int, seed: int, progress: Callable[[str], None], gone: float = GONE_SHARE
+) -> dict[str, Any]:
     fake = FaultUpstream(tokens=4)
     folder = Path(tempfile.mkdtemp(prefix="mellum-soak-"))
     log = folder / "requests.jsonl"
@@ -134,9 +152,10 @@ async def measure(requests: int, clients: int, seed: int, progress: Callable[[st
                 "--listen", f"127.0.0.1:{port}", "--tokenizer", "chars", "--timeout-ms", "500", "--max-concurrency",
                 "64", "--max-queue", "64", "--log", str(log), "--log-max-mb", "4096", "--health-interval-ms", "200",
                 "--upstream-answer-timeout-ms", "300"]  # fmt: skip
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
-        )
+        with (folder / "stderr.txt").open("wb") as stderr:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, *args, stdout=asyncio.subprocess.DEVNULL, stderr=stderr
+            )
         url = f"http://127.0.0.1:{port}"
         samples: list[dict[str, Any]] = []
         started = time.monotonic()
@@ -157,7 +176,7 @@ async def measure(requests: int, clients: int, seed: int, progress: Callable[[st
                     progress(f"soak: {sent} requests, RSS {state['rss_mib']:.1f} MiB, {state['fds']} fds, "
                              f"{state['tasks']} tasks, {state['threads']} threads")  # fmt: skip
 
-                editors = [Client(i, session, url, seed) for i in range(clients)]
+                editors = [Client(i, session, url, seed, gone) for i in range(clients)]
                 warm = max(clients, requests // 100)
                 await asyncio.gather(*(editor.run(warm // clients) for editor in editors))
                 sent = warm // clients * clients
@@ -173,6 +192,7 @@ async def measure(requests: int, clients: int, seed: int, progress: Callable[[st
             process.send_signal(signal.SIGTERM)
             await process.wait()
     elapsed = time.monotonic() - started
+    stderr_text = (folder / "stderr.txt").read_text(errors="replace")
     lines = _read_and_remove(folder, log)
     answered = {rid: status for editor in editors for rid, status in editor.answered.items()}
     logged = {line["id"] for line in lines}
@@ -187,6 +207,9 @@ async def measure(requests: int, clients: int, seed: int, progress: Callable[[st
         "outcomes": dict(Counter(str(line.get("outcome")) for line in lines)),
         "growth": {key: last[key] - first[key] for key in ("rss_mib", "fds", "tasks", "threads")},
         "growth_after_first_tenth": {key: last[key] - samples[1][key] for key in ("rss_mib", "fds", "tasks")},
+        "stderr_lines": len(stderr_text.splitlines()), "stderr_tracebacks": stderr_text.count("Traceback"),
+        "stderr_levels": dict(Counter(word for line in stderr_text.splitlines()
+                                      for word in line.split()[2:3] if word.isupper())),
     }  # fmt: skip
 
 
@@ -218,5 +241,7 @@ def render(result: dict[str, Any], command: str) -> str:
         f"- Answered {result['answered']} (HTTP {statuses}); {result['gone']} clients went away mid-answer.",
         f"- Logged {result['logged']} lines ({outcomes}); answered but not logged: "
         f"**{result['answered_not_logged']}**. Exit code after SIGTERM: {result['exit_code']}.",
+        f"- The proxy's stderr: {result.get('stderr_lines', '-')} lines ({result.get('stderr_levels', {})}), "
+        f"**{result.get('stderr_tracebacks', '-')}** tracebacks.",
     ]
     return "\n".join(lines) + "\n"
