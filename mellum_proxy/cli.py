@@ -16,9 +16,10 @@ from typing import IO
 import orjson
 
 from mellum_proxy import __version__
-from mellum_proxy.config import SettingsError, load_settings, unknown_environment
+from mellum_proxy.config import Settings, SettingsError, load_settings
 from mellum_proxy.console import INDEX, POSITIVE, Parser, fail, real
 from mellum_proxy.settings_flags import add_settings_flags, settings_given
+from mellum_proxy.text_checks import unknown_environment
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +65,7 @@ def _serve(args: argparse.Namespace) -> None:
         settings = load_settings(settings_given(args), args.config)
     except SettingsError as exc:
         fail(str(exc))
-    for variable in unknown_environment():
+    for variable in unknown_environment(list(Settings.model_fields)):
         print(f"mellum-proxy: warning: {variable}; ignored", file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from mellum_proxy.http.server import serve

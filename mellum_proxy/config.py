@@ -7,7 +7,6 @@ in `Settings.settings_customise_sources`.
 
 from __future__ import annotations
 
-import difflib
 import getpass
 import ipaddress
 import os
@@ -25,6 +24,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from mellum_proxy.text_checks import has_control
 
 DEFAULT_CONFIG_FILE = Path("~/.config/mellum-proxy/config.toml")
 
@@ -123,10 +124,7 @@ class Settings(BaseSettings):
         default_factory=login_name, min_length=1, description="This developer's routing key (default: login name)."
     )
     health_interval_ms: int = Field(
-        1000,
-        ge=50,
-        description="How often each upstream's health is checked (a lone one too: the console says when it stops "
-        "or starts answering).",
+        1000, ge=50, description="How often each upstream's health is checked (a lone one too: its changes are said)."
     )
     embedded: bool = Field(
         False, description="Start an in-process llama.cpp server: the upstream, or the last fallback after --upstream."
@@ -269,7 +267,7 @@ class Settings(BaseSettings):
         for url in value:
             if not isinstance(url, str) or not url.strip().startswith(("http://", "https://")):
                 raise ValueError("expected an http:// or https:// URL")
-            if not urlsplit(url.strip()).hostname or _has_control(url):
+            if not urlsplit(url.strip()).hostname or has_control(url):
                 raise ValueError("expected an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080")
         return tuple(upstream_base_url(url) for url in value)
 
@@ -282,23 +280,22 @@ class Settings(BaseSettings):
             name = name.strip()
             if not sep or not name or any(c in name for c in " :\r\n"):
                 raise ValueError(f"expected NAME=VALUE, got {item!r}")
-            if _has_control(str(item)):
+            if has_control(str(item)):
                 raise ValueError(f"a header may hold no line break or control character: {item!r}")
         return value
 
     @field_validator("developer_id")
     @classmethod
     def _check_developer_id(cls, value: str) -> str:
-        if _has_control(value):
+        if has_control(value):
             raise ValueError("it is sent as a header value: no line break or control character")
         return value
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Settings:
-        if self.max_tokens >= self.max_context_tokens:
+        if self.max_tokens >= self.max_context_tokens:  # the prompt needs room too
             raise ValueError(
-                f"max_tokens ({self.max_tokens}) must be below max_context_tokens ({self.max_context_tokens}): "
-                "the prompt needs room too"
+                f"max_tokens ({self.max_tokens}) must be below max_context_tokens ({self.max_context_tokens})"
             )
         return self
 
@@ -382,33 +379,6 @@ def load_settings(cli: Mapping[str, Any] | None = None, config_file: Path | None
         raise SettingsError(_describe(exc, path)) from exc
     except ValueError as exc:  # TOML syntax errors arrive as tomllib.TOMLDecodeError (a ValueError)
         raise SettingsError(f"config file {path}: {exc}") from exc
-
-
-def _has_control(text: str) -> bool:
-    """Whether `text` holds a line break or another control character (it would split an HTTP header)."""
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
-
-
-def unknown_environment() -> list[str]:
-    """`MELLUM_PROXY_*` variables that name no setting (a typo is otherwise ignored), each with the setting its
-    name is closest to, if any."""
-    names = {name.upper(): name for name in Settings.model_fields}
-    unknown = []
-    for variable in sorted(os.environ):
-        if not variable.startswith("MELLUM_PROXY_") or variable in NOT_SETTINGS:
-            continue
-        name = variable.removeprefix("MELLUM_PROXY_")
-        if name not in names:
-            close = difflib.get_close_matches(name, list(names), n=1)
-            unknown.append(
-                f"{variable} names no setting" + (f" (did you mean MELLUM_PROXY_{close[0]}?)" if close else "")
-            )
-    return unknown
-
-
-NOT_SETTINGS = frozenset({  # the project's own test switches (Makefile, .ci/run), not the proxy's settings
-    "MELLUM_PROXY_TEST_VLLM", "MELLUM_PROXY_VLLM_PYTHON", "MELLUM_PROXY_VLLM_MODEL", "MELLUM_PROXY_REQUIRE_BROWSER",
-})  # fmt: skip
 
 
 def _from_file(path: Path) -> type[Settings]:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mellum_proxy.config import Settings, SettingsError, load_settings, unknown_environment
+from mellum_proxy.config import Settings, SettingsError, load_settings
+from mellum_proxy.text_checks import unknown_environment
 
 
 def write(path: Path, text: str) -> Path:
@@ -107,7 +108,7 @@ def test_invalid_env_value_names_the_setting(monkeypatch: pytest.MonkeyPatch) ->
 def test_unknown_environment_variables_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MELLUM_PROXY_TIMEOUT_MSS", "5")
     monkeypatch.setenv("MELLUM_PROXY_REQUIRE_BROWSER", "1")  # the project's own test switch, not a setting
-    assert unknown_environment() == [
+    assert unknown_environment(list(Settings.model_fields)) == [
         "MELLUM_PROXY_TIMEOUT_MSS names no setting (did you mean MELLUM_PROXY_TIMEOUT_MS?)"
     ]
 

@@ -43,7 +43,8 @@ async def test_auto_reads_the_gguf_vocabulary_before_it_answers(
 ) -> None:
     """Reading the model's tokenizer holds the interpreter's lock for about a second: it is done before the proxy
     says it is ready (a switch after it froze `/health` and the first completion for that long)."""
-    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, max_context_tokens=64)
+    proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, max_context_tokens=64,
+                             max_tokens=16)  # fmt: skip
     budget = proxy.app[SERVICE].budget
     assert proxy.app[PROBES].ready.is_set()
     assert budget.counter.method == "gguf"  # /props names the model file; its vocabulary agrees with /tokenize

@@ -70,7 +70,8 @@ async def test_streams_longer_than_the_grace_end_with_their_final_event(
     _fake, upstream = await fake_upstream(tokens=100_000, token_delay_s=0.02, slots=64)
     log = tmp_path / "requests.jsonl"
     settings = Settings(upstream=upstream, listen=f"127.0.0.1:{unused_tcp_port}", timeout_ms=0, tokenizer="chars",
-                        max_tokens=100_000, shutdown_timeout_s=0.5, log=log, reuse=False)  # fmt: skip
+                        max_tokens=100_000, max_context_tokens=131_072, shutdown_timeout_s=0.5, log=log,
+                        reuse=False)  # fmt: skip
     stop = asyncio.Event()
     server = asyncio.create_task(serve(settings, stop))
     base = f"http://{settings.listen}"
@@ -133,7 +134,8 @@ async def test_sigterm_during_50_long_streams_ends_each_one_and_exits_cleanly(
     base = f"http://127.0.0.1:{unused_tcp_port}"
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "mellum_proxy", "serve", "--upstream", upstream, "--listen", base[7:],
-        "--timeout-ms", "0", "--tokenizer", "chars", "--max-tokens", "100000", "--shutdown-timeout-s", "1",
+        "--timeout-ms", "0", "--tokenizer", "chars", "--max-tokens", "100000", "--max-context-tokens", "131072",
+        "--shutdown-timeout-s", "1",
         "--log", str(log), "--no-reuse", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     paths = ["/v1/completions", "/infill", "/completion", "/api/generate"]
