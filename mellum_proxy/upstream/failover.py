@@ -63,41 +63,32 @@ def worth_failing_over(error: UpstreamError) -> bool:
     return isinstance(error, UpstreamStatusError) and error.upstream_status >= 500
 
 
-async def answered(
-    client: UpstreamClient, request: NormalizedRequest, prompt: BudgetedPrompt, within_s: float | None
-) -> Batches:
-    """`client`'s completion, held back until its first chunk with text or a finish reason, which must come
-    within `within_s` (None: no limit here); chunks before it (usage, empty text) go out with it.
+async def first_answer(
+    batches: Batches, client: UpstreamClient, request: NormalizedRequest, within_s: float | None
+) -> list[Chunk]:
+    """The chunks of `batches` up to its first with text or a finish reason, which must come within `within_s`
+    (None: no limit here). A coroutine, not another generator: the batches after it go out as they come.
 
     Raises:
         UpstreamTimeoutError: no such chunk within `within_s`.
         UpstreamProtocolError: the stream ended without one (a warm-up request, which asks for nothing, aside).
     """
     held: list[Chunk] = []
-    first: list[Chunk] | None = None
     deadline = None if within_s is None else asyncio.get_running_loop().time() + within_s
-    async with aclosing(client.stream_completion(request, prompt, within_s)) as batches:
-        try:
-            async with asyncio.timeout_at(deadline):
-                async for batch in batches:
-                    held.extend(batch)
-                    if any(chunk.has_text or chunk.finish_reason is not None for chunk in batch):
-                        first = held
-                        break
-        except TimeoutError as exc:
-            raise UpstreamTimeoutError(
-                f"upstream {client.shown_url} started no completion within {within_s or 0:.2f} s"
-            ) from exc
-        if first is None:
-            if not request.warm_up:
-                raise UpstreamProtocolError(f"upstream {client.shown_url} ended its answer without any text or "
-                                            "finish reason (an empty event stream)")  # fmt: skip
-            if held:
-                yield held
-            return
-        yield first
-        async for batch in batches:
-            yield batch
+    try:
+        async with asyncio.timeout_at(deadline):
+            async for batch in batches:
+                held.extend(batch)
+                if any(chunk.has_text or chunk.finish_reason is not None for chunk in batch):
+                    return held
+    except TimeoutError as exc:
+        raise UpstreamTimeoutError(
+            f"upstream {client.shown_url} started no completion within {within_s or 0:.2f} s"
+        ) from exc
+    if not request.warm_up:
+        raise UpstreamProtocolError(f"upstream {client.shown_url} ended its answer without any text or finish reason "
+                                    "(an empty event stream)")  # fmt: skip
+    return held
 
 
 @dataclass(slots=True)
@@ -186,12 +177,14 @@ class Upstreams:
             started = False
             answer_s = self.failover_answer_s if index < len(candidates) - 1 else None
             try:
-                batches = answered(member.client, request, prompt, answer_s)
+                batches = member.client.stream_completion(request, prompt, answer_s)
                 async with aclosing(batches):
+                    first = await first_answer(batches, member.client, request, answer_s)
+                    started = True
+                    self._remember(request.id, member)
+                    if first:
+                        yield first
                     async for batch in batches:
-                        if not started:
-                            started = True
-                            self._remember(request.id, member)
                         yield batch
             except UpstreamError as error:
                 if started or not worth_failing_over(error):
@@ -206,8 +199,6 @@ class Upstreams:
                     self._remember(request.id, member)  # the record names the last one asked
                     raise first_error from error  # the one that was asked first says most
                 continue
-            if not started:
-                self._remember(request.id, member)
             member.served += 1
             member.strikes = 0
             return
