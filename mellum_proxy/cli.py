@@ -16,8 +16,9 @@ from typing import IO
 import orjson
 
 from mellum_proxy import __version__
-from mellum_proxy.config import Settings, SettingsError, load_settings
+from mellum_proxy.config import Settings
 from mellum_proxy.console import INDEX, POSITIVE, Parser, fail, real
+from mellum_proxy.settings_file import SettingsError, load_settings
 from mellum_proxy.settings_flags import add_settings_flags, settings_given
 from mellum_proxy.text_checks import unknown_environment
 

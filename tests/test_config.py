@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mellum_proxy.config import Settings, SettingsError, load_settings
+from mellum_proxy.config import Settings
+from mellum_proxy.settings_file import SettingsError, load_settings
 from mellum_proxy.text_checks import unknown_environment
 
 

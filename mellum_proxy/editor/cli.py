@@ -12,10 +12,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mellum_proxy.config import DEFAULT_CONFIG_FILE, Settings, SettingsError, load_settings
+from mellum_proxy.config import Settings
 from mellum_proxy.console import fail
 from mellum_proxy.editor import service
 from mellum_proxy.editor.configs import CONFIGS, render
+from mellum_proxy.settings_file import DEFAULT_CONFIG_FILE, SettingsError, load_settings
 from mellum_proxy.settings_flags import add_settings_flags, settings_given
 
 

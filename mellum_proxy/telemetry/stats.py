@@ -26,7 +26,7 @@ def log_to_read(given: Path | None) -> Path:
     """
     if given is not None:
         return given
-    from mellum_proxy.config import load_settings
+    from mellum_proxy.settings_file import load_settings
 
     path = load_settings({}).log
     if path is None:

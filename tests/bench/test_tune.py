@@ -13,7 +13,7 @@ from mellum_proxy.bench.reporting.lab_report import plot
 from mellum_proxy.bench.runners.policy import Policy
 from mellum_proxy.bench.runners.tune import config_toml, read_typing, tune
 from mellum_proxy.cli import main
-from mellum_proxy.config import load_settings
+from mellum_proxy.settings_file import load_settings
 from tests.bench.bursts import burst_trace
 
 CANDIDATES = [Policy("defaults", {}), Policy("fixed=300", {"dispatch": "fixed", "debounce_ms": 300}),

@@ -88,3 +88,48 @@ async def test_a_larger_limit_lets_waiters_in_at_once_and_a_smaller_one_drains()
     release.set()
     await asyncio.gather(*tasks)
     assert (queue.running, queue.depth) == (0, 0) and queue.has_free_slot()
+
+
+async def test_bulk_requests_leave_the_reserve_to_completions_and_wait_in_order() -> None:
+    """Two slots, one reserved: one chat runs, the second waits in the proxy; a completion takes the free slot at
+    once; a completion that waits is served before a waiting chat; a running chat is never taken back."""
+    queue = AdmissionQueue(limit=2, max_queue=4, reserve=1, max_bulk_queue=1)
+    first_chat = await queue.acquire_bulk(None)
+    second_chat = asyncio.create_task(queue.acquire_bulk(None))
+    await asyncio.sleep(0)
+    assert (queue.bulk_running, queue.bulk_depth) == (1, 1)
+    with pytest.raises(QueueFullError):  # the bulk queue is full
+        await queue.acquire_bulk(None)
+    assert queue.has_free_slot()  # the reserve
+    completion = await queue.acquire()
+    assert (queue.running, queue.bulk_running) == (1, 1)
+    waiting_completion = asyncio.create_task(queue.acquire())
+    await asyncio.sleep(0)
+    first_chat.release()  # the slot goes to the waiting completion, not to the waiting chat
+    second_lease = await asyncio.wait_for(waiting_completion, 1)
+    assert (queue.running, queue.bulk_running, queue.bulk_depth) == (2, 0, 1) and not second_chat.done()
+    completion.release()
+    chat_lease = await asyncio.wait_for(second_chat, 1)  # a slot and within the bulk limit: it runs
+    assert (queue.running, queue.bulk_running) == (1, 1)
+    for lease in (second_lease, chat_lease):
+        lease.release()
+    assert (queue.running, queue.bulk_running, queue.depth, queue.bulk_depth) == (0, 0, 0, 0)
+
+
+async def test_a_bulk_request_waits_no_longer_than_it_is_given() -> None:
+    queue = AdmissionQueue(limit=1, max_queue=1, reserve=1)
+    held = await queue.acquire()
+    with pytest.raises(TimeoutError):
+        await queue.acquire_bulk(0.01)
+    assert queue.bulk_depth == 0
+    held.release()
+    lease = await queue.acquire_bulk(0.01)  # one slot: the reserve does not apply, bulk may use it
+    assert queue.bulk_running == 1 and not queue.has_free_slot()
+    lease.release()
+
+
+def test_the_reserve_applies_only_where_the_server_has_more_slots() -> None:
+    assert AdmissionQueue(limit=1, max_queue=1, reserve=1).bulk_limit == 1
+    assert AdmissionQueue(limit=2, max_queue=1, reserve=1).bulk_limit == 1
+    assert AdmissionQueue(limit=4, max_queue=1, reserve=1).bulk_limit == 3
+    assert AdmissionQueue(limit=4, max_queue=1, reserve=0).bulk_limit == 4

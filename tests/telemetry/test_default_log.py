@@ -12,8 +12,9 @@ import orjson
 import pytest
 
 from mellum_proxy.cli import main
-from mellum_proxy.config import Settings, load_settings
+from mellum_proxy.config import Settings
 from mellum_proxy.http import RECORDS, TELEMETRY
+from mellum_proxy.settings_file import load_settings
 from tests.conftest import ProxyFactory
 
 SECRET = "def secret_function_name(x):\n    return "
