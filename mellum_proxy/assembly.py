@@ -62,7 +62,7 @@ def build_policies(section: PolicySection, slots: int | None = None, clock: Cloc
     return Policies(
         debouncer=Debouncer(section.debounce_s if fixed else 0.0, clock),
         supersede=Supersede(section.max_inflight),
-        admission=AdmissionQueue(limit, section.max_queue),
+        admission=AdmissionQueue(limit, section.max_queue, section.completion_reserve, section.max_bulk_queue),
         ttft_timeout_s=section.ttft_timeout_s,
         timeout_s=section.timeout_s,
         complete_in_comments=section.complete_in_comments,
@@ -71,6 +71,7 @@ def build_policies(section: PolicySection, slots: int | None = None, clock: Cloc
         dispatch=dispatch,
         reuse=ReuseCache() if section.reuse else None,
         keep_prefill=section.keep_prefill,
+        bulk_wait_s=section.bulk_wait_s,
     )
 
 

@@ -33,7 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     stats = commands.add_parser("stats", help="summarize a request log (--log FILE.jsonl)")
     stats.add_argument("log", type=Path, nargs="?", help="a JSONL request log [default: the one serve writes]")
     stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    stats.add_argument("--by", choices=["outcome", "session", "dialect"], help="one row per group")
+    stats.add_argument(
+        "--by",
+        choices=["outcome", "session", "dialect", "lane"],
+        help="one row per group (lane: the bulk requests, chat and agents, beside the completions)",
+    )
 
     probe = commands.add_parser("probe", help="print GPU memory over time (NVML), like nvidia-smi -l")
     probe.add_argument("--interval-ms", type=POSITIVE, default=1000, help="time between readings [default: 1000]")
@@ -82,7 +86,7 @@ def _stats(args: argparse.Namespace) -> None:
 
     try:
         path = log_to_read(args.log)
-        records, malformed = read_log(path)
+        records, malformed = read_log(path, every_lane=args.by == "lane")
     except (ValueError, SettingsError) as exc:
         fail(str(exc))
     except OSError as exc:

@@ -168,6 +168,19 @@ class Settings(BaseSettings):
     ttft_timeout_ms: int = Field(0, ge=0, description="Deadline for the first token (0: off).")
     timeout_ms: int = Field(1500, ge=0, description="Deadline for the whole request, queue included (0: off).")
 
+    # --- lanes: completions beside chat and agents on one server ------------------------------
+    completion_reserve: int = Field(
+        1, ge=0, description="Slots bulk requests (chat, agents, tools) leave to completions, where there are more."
+    )
+    max_bulk_queue: int = Field(16, ge=0, description="Bulk requests waiting in the proxy for a slot; more get 503.")
+    bulk_wait_ms: int = Field(120000, ge=0, description="Longest a bulk request waits for a slot (0: no limit).")
+    upstream_priority: bool = Field(
+        False, description="The upstream orders by `priority` (vLLM --scheduling-policy priority): completions first."
+    )
+    slo_header: bool = Field(
+        False, description="The upstream is an llm-d gateway: completions carry x-llm-d-slo-ttft-ms, their deadline."
+    )
+
     # --- context budget ----------------------------------------------------------------------
     max_context_tokens: int = Field(2048, ge=64, description="Prompt tokens + max_tokens never exceed this.")
     max_tokens: int = Field(128, ge=1, description="Cap on the tokens a client may ask for.")

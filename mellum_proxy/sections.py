@@ -84,6 +84,11 @@ class UpstreamSection:
     connect_timeout_s: float = field(metadata=source("upstream_connect_timeout_ms", _seconds))
     answer_timeout_s: float | None = field(metadata=source("upstream_answer_timeout_ms", _seconds_or_none))
     passthrough_silence_s: float | None = field(metadata=source("passthrough_timeout_ms", _seconds_or_none))
+    priority: bool = field(metadata=source("upstream_priority"))  # completions sent with `COMPLETION_PRIORITY`
+    # llm-d's `x-llm-d-slo-ttft-ms` on completions: the first-token deadline, else the whole one (None: not sent)
+    slo_ttft_ms: int | None = field(
+        metadata=derived(lambda s: (s.ttft_timeout_ms or s.timeout_ms or None) if s.slo_header else None)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,9 @@ class PolicySection:
     timeout_s: float | None = field(metadata=source("timeout_ms", _seconds_or_none))
     complete_in_comments: bool
     postprocess: bool
+    completion_reserve: int
+    max_bulk_queue: int
+    bulk_wait_s: float | None = field(metadata=source("bulk_wait_ms", _seconds_or_none))
 
 
 @dataclass(frozen=True, slots=True)

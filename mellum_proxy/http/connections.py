@@ -7,7 +7,7 @@ the file limit, at most `MAX_CONNECTIONS`; the editor needs a few; the upstream'
 `mellum_proxy.assembly.upstream_connection_limit`, the rest is the process's files), one more is answered 503
 and closed as it comes, and a connection that has not sent its first request's headers within `header_s` is
 closed. A request whose
-body does not arrive in time is the handler's (`mellum_proxy.http.routes.read_json`).
+body does not arrive in time is the handler's (`mellum_proxy.http.bodies.read_json`).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from mellum_proxy.http.keys import (
     UPSTREAM,
     UPSTREAMS,
 )
+from mellum_proxy.policies import AdmissionQueue
 from mellum_proxy.sections import TelemetrySection
 from mellum_proxy.serving import Policies
 from mellum_proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetrics, Telemetry
@@ -129,7 +130,13 @@ def metrics(telemetry: Telemetry, policies: Policies, pool: Upstreams) -> ProxyM
         log_errors=lambda: sum(sink.errors for sink in telemetry.sinks()),
         log_dropped=lambda: sum(sink.dropped for sink in telemetry.sinks()),
         upstreams=pool.status,
+        lanes=lambda: lanes(policies.admission),
     )
+
+
+def lanes(admission: AdmissionQueue) -> dict[str, tuple[int, int]]:
+    """Each lane's (requests upstream, requests waiting) now."""
+    return {"completion": (admission.running, admission.depth), "bulk": (admission.bulk_running, admission.bulk_depth)}
 
 
 def ready_block(app: web.Application) -> str:

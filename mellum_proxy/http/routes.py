@@ -4,7 +4,7 @@ pass-through routes, and `/health`, `/metrics`, `/status`."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -13,10 +13,9 @@ from aiohttp import web
 
 from mellum_proxy import __version__
 from mellum_proxy.dialects import REGISTRY, Dialect
-from mellum_proxy.dialects.base import CompletionRoute, DiscoveryRoute, openai_error
-from mellum_proxy.dialects.openai import DONE, sse
-from mellum_proxy.errors import InvalidRequestError, ProxyError, RequestTimeoutError
+from mellum_proxy.dialects.base import CompletionRoute, DiscoveryRoute
 from mellum_proxy.http.answer import HttpAnswer
+from mellum_proxy.http.bodies import read_json
 from mellum_proxy.http.guard import check_host
 from mellum_proxy.http.keys import (
     CONNECTIONS,
@@ -28,18 +27,17 @@ from mellum_proxy.http.keys import (
     SECTIONS,
     SERVICE,
     SETTINGS,
-    STARTED,
     TELEMETRY,
     UPSTREAMS,
 )
 from mellum_proxy.http.middleware import request_id
-from mellum_proxy.telemetry import GpuSampler
+from mellum_proxy.http.passthrough import passthrough
+from mellum_proxy.policies import AdmissionQueue
+from mellum_proxy.telemetry import GpuSampler, RequestRecord
 from mellum_proxy.telemetry.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
-from mellum_proxy.upstream.passthrough import relay
+from mellum_proxy.telemetry.stats import percentile
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-GET_SILENCE_S = 5.0  # the most a forwarded GET (`/v1/models`) waits for the upstream's answer
-BODY_READ_S = 10.0  # for a request's body to arrive (a client that trickles it holds a connection)
 
 
 def add_routes(app: web.Application) -> None:
@@ -59,21 +57,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/status", status)
-
-
-async def read_json(request: web.Request) -> object:
-    if request.content.is_eof():  # the whole body came with the headers (a keystroke's does): no wait, no timer
-        body = await request.read()
-    else:
-        try:
-            async with asyncio.timeout(BODY_READ_S):
-                body = await request.read()
-        except TimeoutError as exc:
-            raise RequestTimeoutError(f"the request body did not arrive within {BODY_READ_S:.0f} s") from exc
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
 
 
 def completion_handler(dialect: Dialect, route: CompletionRoute) -> Handler:
@@ -112,41 +95,6 @@ def discovery_handler(route: DiscoveryRoute) -> Handler:
         return web.json_response(answer, dumps=_dumps)
 
     return handle
-
-
-async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Forward unchanged. An event stream is piped back as it arrives, and a failure after it started
-    ends it with an error event and `[DONE]`; any other answer is read whole first, so that a failure
-    is still an error response."""
-    body = None
-    if request.method == "POST":
-        await read_json(request)  # bad JSON is our 400, not the upstream's
-        body = await request.read()  # cached by aiohttp
-    content_type = request.headers.get("Content-Type", "application/json")
-    if not content_type.isascii():
-        content_type = "application/json"
-    silence_s = request.app[SECTIONS].upstream.passthrough_silence_s
-    if request.method == "GET":  # a model list is one small read: a server silent this long is stalled
-        silence_s = min(silence_s or GET_SILENCE_S, GET_SILENCE_S)
-    upstream = request.app[UPSTREAMS].client  # the one serving now
-    async with relay(upstream, request.method, request.path, body, content_type, silence_s) as answer:
-        if answer.content_type != "text/event-stream":
-            whole = b"".join([data async for data in answer.body])
-            out = web.Response(status=answer.status, body=whole, content_type=answer.content_type)
-            if answer.charset:
-                out.charset = answer.charset
-            return out
-        stream = web.StreamResponse(status=answer.status)
-        stream.content_type = answer.content_type
-        request[STARTED] = True
-        await stream.prepare(request)
-        try:
-            async for data in answer.body:
-                await stream.write(data)
-        except ProxyError as error:
-            await stream.write(b"\n\n" + sse(openai_error(error)) + DONE)  # the blank line ends a cut event
-        await stream.write_eof()
-        return stream
 
 
 def _dumps(value: Any) -> str:
@@ -193,6 +141,7 @@ def status_body(app: web.Application) -> dict[str, Any]:
         "tasks": len(asyncio.all_tasks()),  # for leak checks (`bench soak`)
         "connections": connections_status(app),
         "queued": policies.admission.depth,
+        "lanes": lanes_status(policies.admission, recent_queue_ms(records), recent_queue_ms(app[TELEMETRY].bulk)),
         "debouncing": policies.debouncer.held(),
         "sessions": policies.supersede.sessions(),
         "recent": [
@@ -212,6 +161,24 @@ def status_body(app: web.Application) -> dict[str, Any]:
             for sink in app[TELEMETRY].sinks()
         ],
     }
+
+
+def recent_queue_ms(records: Iterable[RequestRecord]) -> list[float]:
+    return [r.queue_ms for r in records if r.queue_ms is not None]
+
+
+def lanes_status(admission: AdmissionQueue, completion_waits: list[float], bulk_waits: list[float]) -> dict[str, Any]:
+    """Each lane: upstream now, waiting now, and how long the recent ones waited for a slot (ms)."""
+
+    def waited(values: list[float]) -> dict[str, float | int | None]:
+        return {"p50": percentile(values, 50), "p95": percentile(values, 95), "of": len(values)}
+
+    return {
+        "completion": {"inflight": admission.running, "queued": admission.depth, "reserve": admission.reserve,
+                       "wait_ms": waited(completion_waits)},
+        "bulk": {"inflight": admission.bulk_running, "queued": admission.bulk_depth, "limit": admission.bulk_limit,
+                 "wait_ms": waited(bulk_waits)},
+    }  # fmt: skip
 
 
 def connections_status(app: web.Application) -> dict[str, int] | None:

@@ -25,3 +25,4 @@ class Policies:
     dispatch: Dispatch | Foresight | None = None  # None: the debouncer's fixed window
     reuse: ReuseCache | None = None
     keep_prefill: bool = False
+    bulk_wait_s: float | None = None  # the longest a bulk request (chat, agents) waits for a slot; None: no limit

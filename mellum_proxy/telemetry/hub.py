@@ -6,6 +6,7 @@ It observes and never steers: no sink can change or fail a request.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 
 from mellum_proxy.budget.templates import cursor_of
@@ -20,6 +21,7 @@ from mellum_proxy.telemetry.prometheus import ProxyMetrics
 from mellum_proxy.telemetry.record import RecentRecords, RequestRecord
 
 log = logging.getLogger("mellum_proxy")
+BULK_KEPT = 256
 
 
 @dataclass(eq=False)
@@ -36,6 +38,7 @@ class Telemetry:
     clock: Clock = LOOP_CLOCK
     deadline_watch: DeadlineWatch | None = None
     acceptance: AcceptanceTracker = field(default_factory=AcceptanceTracker)
+    bulk: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=BULK_KEPT))  # the last bulk requests
 
     def sinks(self) -> list[JsonlLog]:
         """The files requests are written to (`--log`, `--record`)."""
@@ -76,6 +79,21 @@ class Telemetry:
             warning = self.deadline_watch.observe(record, self.clock.now())
             if warning is not None:
                 log.warning("%s", warning)
+
+    def start_bulk(self, request_id: str, session: str, route: str) -> RequestRecord:
+        """The record of a bulk request (chat, agents: passed through): lengths and times, never its text."""
+        return RequestRecord(request_id, session, route, self.clock.unix(), self.clock.now(), lane="bulk")
+
+    def finish_bulk(self, record: RequestRecord) -> None:
+        """A bulk request ended: to the log and the metrics, and kept for `/status`'s lane waits (not with the
+        completions, whose figures, judgements and warnings it would muddle)."""
+        record.total_ms = (self.clock.now() - record.started) * 1000.0
+        self.bulk.append(record)
+        if self.metrics is not None:
+            self.metrics.observe_bulk(record)
+        if self.log is not None:
+            self.log.put(record.as_dict())
+        self.records.changes.notify()  # the live page's state, and whoever waits on a lane
 
     def settle(self) -> None:
         """Judge every suggestion still open, by what was seen (at shutdown, before the log closes)."""

@@ -34,7 +34,9 @@ class ProxyMetrics:
         log_errors: Callable[[], int] = lambda: 0,
         log_dropped: Callable[[], int] = lambda: 0,
         upstreams: Callable[[], list[dict[str, Any]]] = list,
+        lanes: Callable[[], dict[str, tuple[int, int]]] = dict,
     ) -> None:
+        """`lanes`: each lane's (requests upstream, requests waiting) now."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram(
@@ -79,6 +81,15 @@ class ProxyMetrics:
             _or_nan(gpu_total)
         )
 
+        self.lane_wait = Histogram(
+            "mellum_proxy_lane_wait_seconds", "Wait for an upstream slot, by lane.", ["lane"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.bulk_requests = Counter(
+            "mellum_proxy_bulk_requests", "Bulk requests (chat, agents) passed through, by outcome.", ["outcome"],
+            registry=r,
+        )  # fmt: skip
+        r.register(_LaneGauges(lanes))
         r.register(_LogCounters(log_errors, log_dropped))
         r.register(_UpstreamMetrics(upstreams))
 
@@ -90,6 +101,12 @@ class ProxyMetrics:
             self.duration.observe(record.total_ms / 1000)
         if record.queue_ms is not None:
             self.queue_wait.observe(record.queue_ms / 1000)
+            self.lane_wait.labels("completion").observe(record.queue_ms / 1000)
+
+    def observe_bulk(self, record: RequestRecord) -> None:
+        self.bulk_requests.labels(str(record.outcome or Outcome.CLIENT_GONE)).inc()
+        if record.queue_ms is not None:
+            self.lane_wait.labels("bulk").observe(record.queue_ms / 1000)
 
     def accepted(self, accepted_chars: int) -> None:
         """One judged suggestion (`mellum_proxy.telemetry.acceptance`)."""
@@ -100,6 +117,24 @@ class ProxyMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _LaneGauges(Collector):
+    """Each lane's requests upstream and waiting, read from the admission queue when scraped."""
+
+    def __init__(self, lanes: Callable[[], dict[str, tuple[int, int]]]) -> None:
+        self.lanes = lanes
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        running = GaugeMetricFamily("mellum_proxy_lane_inflight_requests", "Requests upstream now, by lane.",
+                                    labels=["lane"])  # fmt: skip
+        waiting = GaugeMetricFamily("mellum_proxy_lane_queued_requests", "Requests waiting for a slot, by lane.",
+                                    labels=["lane"])  # fmt: skip
+        for lane, (upstream, queued) in self.lanes().items():
+            running.add_metric([lane], upstream)
+            waiting.add_metric([lane], queued)
+        yield running
+        yield waiting
 
 
 class _LogCounters(Collector):

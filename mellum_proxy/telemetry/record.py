@@ -62,6 +62,7 @@ class RequestRecord:
     vram_peak_mib: float | None = None
     vram_source: str = "none"
     content: dict[str, str | None] | None = None  # only with --log-content
+    lane: str = "completion"  # or "bulk": chat, agents, tools passed through (`queue_ms` its wait for a slot)
 
     @classmethod
     def start(

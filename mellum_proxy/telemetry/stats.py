@@ -36,14 +36,18 @@ def log_to_read(given: Path | None) -> Path:
     return path
 
 
-def read_log(path: Path) -> tuple[list[dict[str, Any]], int]:
+def read_log(path: Path, every_lane: bool = False) -> tuple[list[dict[str, Any]], int]:
     """The records of a JSONL log, its rotated files' first, and how many lines were not records. A suggestion's
-    `acceptance` line (written once the session's later requests settled it) gives its record `accepted_chars`."""
+    `acceptance` line (written once the session's later requests settled it) gives its record `accepted_chars`.
+    The completions' records only, unless `every_lane` (bulk requests, chat and agents, have figures of their own
+    that would muddle a completion's: `stats --by lane` shows them)."""
     records: list[dict[str, Any]] = []
     judged: dict[str, dict[str, Any]] = {}
     malformed = 0
     for part in log_files(path):
         malformed += _read_part(part, records, judged)
+    if not every_lane:
+        records = [record for record in records if record.get("lane", "completion") == "completion"]
     for record in records:
         if (acceptance := judged.get(str(record.get("id")))) is not None:
             record["accepted_chars"] = acceptance.get("accepted_chars")

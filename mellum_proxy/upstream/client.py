@@ -26,6 +26,10 @@ from mellum_proxy.upstream.metrics import held_from_metrics
 from mellum_proxy.upstream.sse import chunk_from_bytes, read_sse
 
 _JSON = {"Content-Type": "application/json"}
+# Completions ahead of everything else where the upstream schedules by priority (vLLM `--scheduling-policy
+# priority`: lower values first; a request without one is 0) and where it is an llm-d gateway (its SLO ordering).
+COMPLETION_PRIORITY = -10
+SLO_TTFT_HEADER = "x-llm-d-slo-ttft-ms"
 DRAIN_S = 0.05
 
 
@@ -83,6 +87,7 @@ class UpstreamClient:
         # send them at once and stream the prefill's result later; a server silent this long is down. None:
         # no limit but the request's deadline (Ollama answers only with its first token).
         self.answer_timeout_s: float | None = None
+        self.lane_hints: dict[str, str] = {}  # headers that put completions ahead (llm-d's SLO), on each of them
         if section is not None:
             self.model = section.model
             if section.default_temperature is not None:
@@ -90,6 +95,10 @@ class UpstreamClient:
             self.routing_header = section.routing_header
             self.developer_id, self.route_sessions = section.developer_id, section.route_sessions
             self.answer_timeout_s = section.answer_timeout_s
+            if section.priority:
+                self.defaults["priority"] = COMPLETION_PRIORITY
+            if section.slo_ttft_ms is not None:
+                self.lane_hints[SLO_TTFT_HEADER] = str(section.slo_ttft_ms)
         self._held_source: str | None = ""  # "": not probed yet; None: the server cannot say
 
     def routing(self, request: NormalizedRequest | None = None) -> dict[str, str]:
@@ -203,7 +212,9 @@ class UpstreamClient:
         Raises:
             UpstreamError: the upstream is unreachable, answered an error, or sent garbage.
         """
-        headers = {**_JSON, **self.routing(request)} if self.routing_header else None
+        headers = (
+            {**_JSON, **self.routing(request), **self.lane_hints} if self.routing_header or self.lane_hints else None
+        )
         if self.native_ollama:
             body = orjson.dumps(ollama.generate_payload(request, prompt, self.model, self.defaults))
             # no `answer_timeout_s`: Ollama starts its answer only with its first token

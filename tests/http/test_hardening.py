@@ -249,9 +249,9 @@ async def test_slow_clients_and_too_many_connections_are_cut_off(fake_upstream: 
 
 
 async def test_a_body_that_trickles_is_answered_408(fake_upstream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mellum_proxy.http import build_app, routes
+    from mellum_proxy.http import bodies, build_app
 
-    monkeypatch.setattr(routes, "BODY_READ_S", 0.3)
+    monkeypatch.setattr(bodies, "BODY_READ_S", 0.3)
     _, url = await fake_upstream()
     async with serve_app(build_app(Settings(upstream=url, tokenizer="chars"))) as base:
         reader, writer = await asyncio.open_connection("127.0.0.1", int(base.rsplit(":", 1)[1]))
