@@ -10,7 +10,7 @@ const DROPPED = new Set(["debounced", "cancelled", "client_gone", "skipped", "sh
 const ERRORS = new Set(["upstream_error", "internal_error", "bad_request", "queue_full"]);
 const POLICY_KEYS = ["dispatch", "debounce_ms", "hold_min_ms", "max_inflight", "max_concurrency", "max_queue",
   "timeout_ms", "max_context_tokens", "max_tokens", "reuse", "postprocess", "stop_at_blank_line", "keep_prefill",
-  "fim_template", "tokenizer", "log_content"];
+  "fim_template", "tokenizer", "log_content", "completion_reserve", "max_bulk_queue", "bulk_wait_ms"];
 
 const rows = new Map(); // request id -> {record, tr}
 const finished = []; // {at, ttft, outcome} for the charts
@@ -113,8 +113,10 @@ function showState(state) {
     el("td", { class: "num" }, index === 0 ? state.upstream.max_concurrency : ""),
     el("td", { class: "num" }, member.served),
     el("td", { class: "num" }, member.failed))));
+  const bulk = state.lanes?.bulk ?? {};
   const counts = [["in flight", state.inflight], ["queued", state.queued], ["held (debounce)", state.debouncing],
-    ["sessions", Object.keys(state.sessions ?? {}).length]];
+    ["sessions", Object.keys(state.sessions ?? {}).length], ["chat / agents in flight", bulk.inflight],
+    ["chat / agents waiting", bulk.queued]];
   document.getElementById("counts").replaceChildren(...counts.map(([label, value]) => el("div", {}, el("b", {}, value ?? 0), label)));
   const settings = state.settings ?? {};
   document.querySelector("#policies tbody").replaceChildren(...POLICY_KEYS.filter((key) => key in settings)

@@ -70,10 +70,17 @@ def test_config_names_the_default_address(name: str) -> None:
 def test_structured_configs_parse() -> None:
     cont = yaml.safe_load((CONFIG_DIR / "continue.yaml").read_text())
     assert {m["provider"] for m in cont["models"]} == {"ollama", "openai"}
-    assert all(m["roles"] == ["autocomplete"] for m in cont["models"])
+    assert [m["roles"] for m in cont["models"]] == [["autocomplete"], ["autocomplete"], ["chat", "edit", "apply"]]
+    assert cont["models"][2]["apiBase"] == "http://127.0.0.1:8011/v1"  # chat through the proxy: its bulk lane
     assert cont["models"][0]["autocompleteOptions"]["modelTimeout"] == 2000  # the deadline, and room for the answer
     vscode = jsonc((CONFIG_DIR / "llama-vscode.json").read_text())
     assert isinstance(vscode, dict) and vscode["llama-vscode.endpoint"] == "http://127.0.0.1:8011"
+    # llama.vscode src/llama-server.ts: ENDPOINT_CHAT/v1/chat/completions, ENDPOINT_TOOLS/v1/chat/completions
+    assert vscode["llama-vscode.endpoint_chat"] == vscode["llama-vscode.endpoint_tools"] == "http://127.0.0.1:8011"
+    zed = jsonc((CONFIG_DIR / "zed.json").read_text())
+    assert isinstance(zed, dict) and zed["language_models"]["openai_compatible"]["mellum-proxy"]["api_url"] == (
+        "http://127.0.0.1:8011/v1"
+    )
     twinny = jsonc((CONFIG_DIR / "twinny.json").read_text())
     assert isinstance(twinny, dict) and twinny["twinny.debounceWait"] == 1  # the proxy's adaptive hold decides
     tabby = tomllib.loads((CONFIG_DIR / "tabby.toml").read_text())
@@ -90,7 +97,7 @@ def test_configs_follow_the_plugins_current_settings() -> None:
     assert vscode["llama-vscode.max_parallel_completions"] == 1  # type: ignore[index]
     assert "auto_trigger_ft = { '*' }" in (CONFIG_DIR / "minuet.lua").read_text()
     settings = Settings()
-    for model in yaml.safe_load((CONFIG_DIR / "continue.yaml").read_text())["models"]:
+    for model in yaml.safe_load((CONFIG_DIR / "continue.yaml").read_text())["models"][:2]:  # the autocomplete ones
         prompt, out = model["autocompleteOptions"]["maxPromptTokens"], model["defaultCompletionOptions"]["maxTokens"]
         assert prompt + out <= settings.max_context_tokens
     jetbrains = (CONFIG_DIR / "jetbrains-ai-assistant.md").read_text()
@@ -108,7 +115,8 @@ def test_plugin_timeouts_leave_room_for_the_proxys_deadline_answer() -> None:
         limit = float(minuet.split("request_timeout = ")[1].split(",")[0])
         assert limit * 1000 >= timeout_ms + 250
         for model in yaml.safe_load(render("continue", settings))["models"]:
-            assert model["autocompleteOptions"]["modelTimeout"] >= timeout_ms + 250
+            if "autocomplete" in model["roles"]:
+                assert model["autocompleteOptions"]["modelTimeout"] >= timeout_ms + 250
 
 
 def test_minuets_config_can_accept_a_suggestion() -> None:
