@@ -9,6 +9,7 @@ from mellum_proxy.bench.runners import (
     first_run,
     lab,
     ladder,
+    lanes,
     memory,
     overhead,
     pauses,
@@ -22,7 +23,7 @@ from mellum_proxy.bench.workloads import convert, synth
 from mellum_proxy.console import Parser
 
 COMMANDS = (replay, team, convert, ladder, quality, replay_report, overhead, budget, first_run, memory, soak, synth,
-            calibration, lab, tune, pauses)  # fmt: skip
+            calibration, lab, tune, pauses, lanes)  # fmt: skip
 
 
 def build_parser() -> Parser:

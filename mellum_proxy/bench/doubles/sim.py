@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -31,6 +33,7 @@ PROFILES = {name: ServerProfile(**fields) for name, fields in orjson.loads(
     files("mellum_proxy.bench.doubles").joinpath("profiles.json").read_bytes()).items()}  # fmt: skip
 
 Writer = Callable[[str, str], str]  # (prompt, suffix) -> what the model writes
+CHAT_TOKENS = 600  # a chat answer's length when the client names none (4 s at 150 tokens/s)
 
 
 def profile(name: str) -> ServerProfile:
@@ -65,7 +68,8 @@ class SimServer:
     def app(self) -> web.Application:
         models = {"object": "list", "data": [{"id": f"sim-{self.spec.name}", "object": "model"}]}
         props = {"total_slots": self.spec.slots}
-        return routes({"POST /v1/completions": self._completions, "GET /props": answering(props),
+        return routes({"POST /v1/completions": self._completions, "POST /v1/chat/completions": self._chat,
+                       "GET /props": answering(props),
                        "GET /health": answering({"status": "ok"}), "GET /v1/models": answering(models),
                        "GET /metrics": self._metrics})  # fmt: skip
 
@@ -78,6 +82,35 @@ class SimServer:
             f"llamacpp:requests_deferred {engine.deferred}",
         ]
         return web.Response(text="\n".join(lines) + "\n")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        """A chat answer: the messages are its prompt, and it writes `max_tokens` tokens (a chat or an agent's
+        long answer), in the OpenAI chat-completion shape; a slot of the same engine as the completions'."""
+        body = await request.json()
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        prompt = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        max_tokens = int(body.get("max_tokens") or CHAT_TOKENS)
+        task = self.engine.submit(prompt, max_tokens, "tok" + " tok" * (max_tokens - 1), True)
+        ident, created = f"chat-{self.engine.requests}", int(time.time())
+
+        def chunk(content: str | None, finish: str | None = None) -> dict[str, Any]:
+            delta = {} if content is None else {"content": content}
+            return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": "sim",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        try:
+            await response.prepare(request)
+            async for batch in task.stream():
+                await response.write(b"".join(b"data: " + orjson.dumps(chunk(piece)) + b"\n\n" for piece in batch))
+            await response.write(b"data: " + orjson.dumps(chunk(None, task.finish_reason)) + b"\n\ndata: [DONE]\n\n")
+            await response.write_eof()
+        except asyncio.CancelledError:
+            task.leave()
+            raise
+        except ConnectionResetError:
+            task.leave()
+        return response
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()

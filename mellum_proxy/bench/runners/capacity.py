@@ -6,6 +6,8 @@ to the server; the oracle too). Their pauses are pooled: the policy carries N de
 pause-to-suggestion p95 over all of them is at most `P95_LIMIT_MS` (the Mellum paper's target) and their mean
 pause coverage at least `COVERAGE_SHARE` of what the same developers get alone on the server (N = 1 each).
 N grows through the list until a step fails; `capacity` gives, per profile and policy, the largest N carried.
+With `chat_share`, that share of the developers also runs a chat or agent beside their typing: one answer of
+`CHAT_TOKENS` after another on the same server, through their proxy's bulk lane (direct: straight to it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ P95_LIMIT_MS = 500.0
 COVERAGE_SHARE = 0.9
 STAGGER_MS = 1000.0
 PAUSE_MS = 300.0
+CHAT_TOKENS = 600  # each chat answer's tokens (4 s at the gpu profile's decode)
 
 
 def parse_developers(text: str) -> list[int]:
@@ -46,11 +49,26 @@ def parse_developers(text: str) -> list[int]:
     return counts
 
 
-async def _team(policy: Policy, traces: Sequence[Sequence[Event]], spec: ServerProfile, accuracy: float,
-                max_gap_ms: float, max_tokens: int) -> tuple[list[Accounting], int]:  # fmt: skip
+async def _team(
+    policy: Policy, traces: Sequence[Sequence[Event]], spec: ServerProfile, accuracy: float, max_gap_ms: float,
+    max_tokens: int, chat_share: float = 0.0,
+) -> tuple[list[Accounting], int]:  # fmt: skip
     """Each developer's accounting, all typing at once on one engine; the engine's requests."""
     engine = SimEngine(spec)
     clock = Clock()
+    chatting = round(chat_share * len(traces))
+
+    async def chat(service: Any, typing: asyncio.Task[Any]) -> None:
+        """Chat answers one after another while the developer types, through the proxy's bulk lane."""
+        while not typing.done():
+            lease = await service.policies.admission.acquire_bulk(None) if service is not None else None
+            try:
+                task = engine.submit("explain this module", CHAT_TOKENS, "tok" + " tok" * (CHAT_TOKENS - 1))
+                async for _ in task.stream():
+                    pass
+            finally:
+                if lease is not None:
+                    lease.release()
 
     async def developer(index: int, events: Sequence[Event]) -> Accounting:
         await clock.until(STAGGER_MS * index)
@@ -63,7 +81,11 @@ async def _team(policy: Policy, traces: Sequence[Sequence[Event]], spec: ServerP
         own = Clock()
         editor = LabEditor(policy, engine, source, service, own, max_tokens)
         only = pause_starts(events, max_gap_ms, PAUSE_MS) if policy.oracle else None
-        marks = await play(events, max_gap_ms, editor, own, only=only)
+        typing = asyncio.ensure_future(play(events, max_gap_ms, editor, own, only=only))
+        chatter = asyncio.ensure_future(chat(service, typing)) if index < chatting else None
+        marks = await typing
+        if chatter is not None:
+            await chatter
         if editor.tasks:
             await asyncio.wait(list(editor.tasks), timeout=30)
         if service is not None:
@@ -76,19 +98,20 @@ async def _team(policy: Policy, traces: Sequence[Sequence[Event]], spec: ServerP
 
 
 def run_team(policy: Policy, traces: Sequence[Sequence[Event]], spec: ServerProfile, accuracy: float,
-             max_gap_ms: float, max_tokens: int) -> tuple[list[Accounting], int]:  # fmt: skip
+             max_gap_ms: float, max_tokens: int, chat_share: float = 0.0) -> tuple[list[Accounting], int]:  # fmt: skip
     import looptime
 
     with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
-        return runner.run(_team(policy, traces, spec, accuracy, max_gap_ms, max_tokens))
+        return runner.run(_team(policy, traces, spec, accuracy, max_gap_ms, max_tokens, chat_share))
 
 
 def measure(
     traces: Sequence[Sequence[Event]], specs: Sequence[ServerProfile], policies: Sequence[Policy],
     counts: Sequence[int], accuracy: float, max_gap_ms: float, max_tokens: int,
-    progress: Callable[[str], None] = print,
+    progress: Callable[[str], None] = print, chat_share: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
-    """`capacity` (the largest N carried, per profile and policy) and `capacity_curve` (every N tried)."""
+    """`capacity` (the largest N carried, per profile and policy) and `capacity_curve` (every N tried); with
+    `chat_share`, that share of each team also chats (its alone runs do not: the yardstick stays typing alone)."""
     capacity, curve = [], []
     for spec in specs:
         for policy in policies:
@@ -98,7 +121,7 @@ def measure(
                                        "p95_ms": None, "coverage": None}  # fmt: skip
             for n in counts:
                 team, requests = run_team(policy, [traces[i % len(traces)] for i in range(n)], spec, accuracy,
-                                          max_gap_ms, max_tokens)  # fmt: skip
+                                          max_gap_ms, max_tokens, chat_share)  # fmt: skip
                 point = _point(team, [alone[i % len(alone)] for i in range(n)]) | {"upstream_requests": requests}
                 curve.append({"profile": spec.name, "policy": policy.name, "developers": n, **point})
                 if not point["carried"]:
@@ -108,7 +131,8 @@ def measure(
             progress(f"{spec.name} / {policy.name}: {carried['developers']} developers")
     return {"capacity": capacity, "capacity_curve": curve,
             "capacity_rule": {"p95_limit_ms": P95_LIMIT_MS, "coverage_share": COVERAGE_SHARE,
-                              "stagger_ms": STAGGER_MS, "counts": list(counts)}}  # fmt: skip
+                              "stagger_ms": STAGGER_MS, "counts": list(counts), "chat_share": chat_share,
+                              "chat_tokens": CHAT_TOKENS}}  # fmt: skip
 
 
 def _point(team: Sequence[Accounting], alone: Sequence[Accounting]) -> dict[str, Any]:

@@ -70,6 +70,8 @@ def add_commands(commands: Any) -> None:
     lab.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
     lab.add_argument("--developers", metavar="N[,N...]",
                      help="also: how many developers one server carries, trying these counts (capacity)")  # fmt: skip
+    lab.add_argument("--chat-share", type=SHARE, default=0.0,
+                     help="with --developers: the share of them that also chat [default: 0]")  # fmt: skip
 
 
 def _lab(args: argparse.Namespace) -> None:
@@ -78,7 +80,7 @@ def _lab(args: argparse.Namespace) -> None:
     try:
         counts = capacity.parse_developers(args.developers) if args.developers else None
         result = measure(args.traces, args.profile, args.policy, args.grid, args.accuracy, args.limit_events,
-                         args.max_tokens, progress=print, developers=counts)  # fmt: skip
+                         args.max_tokens, progress=print, developers=counts, chat_share=args.chat_share)  # fmt: skip
     except (OSError, TraceError, ValueError) as exc:
         fail(str(exc))
     write_report(args.out, "lab", result, lab_report.render)
@@ -92,7 +94,7 @@ def _lab(args: argparse.Namespace) -> None:
 def measure(
     trace_paths: Sequence[Path], profiles: Sequence[str] | None, policy_texts: Sequence[str] | None, with_grid: bool,
     accuracy: float, limit_events: int, max_tokens: int, progress: Callable[[str], None] = print,
-    developers: Sequence[int] | None = None,
+    developers: Sequence[int] | None = None, chat_share: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """Every policy over every trace on every profile; the result `lab_report.render` shows. `developers`: also
     the capacity (`mellum_proxy.bench.runners.capacity`) at these counts."""
@@ -115,7 +117,7 @@ def measure(
         from mellum_proxy.bench.runners import capacity
 
         result |= capacity.measure([events for _, events in traces], specs, policies, developers, accuracy,
-                                   MAX_GAP_MS, max_tokens, progress)  # fmt: skip
+                                   MAX_GAP_MS, max_tokens, progress, chat_share)  # fmt: skip
     return result
 
 
