@@ -31,11 +31,12 @@ from mellum_proxy.console import POSITIVE, fail
 from mellum_proxy.http import build_app, serve_app
 from mellum_proxy.telemetry.stats import percentile
 
-MODES: dict[str, dict[str, Any] | None] = {  # the proxy's settings in each run (None: straight to the server)
-    "alone": {},
-    "direct": None,
-    "no lanes": {"completion_reserve": 0},
-    "lanes": {},
+# Each run: the completions go through the proxy (else straight to the server); the chats too (else straight).
+MODES: dict[str, tuple[bool, bool]] = {
+    "alone": (True, False),  # no chat at all
+    "direct": (False, False),
+    "no lanes": (True, False),  # the proxy does not see the chats: as it passed them on before lanes
+    "lanes": (True, True),
 }
 DIRECT_TIMEOUT_S = 5.0  # a plugin's own limit when it talks to the server straight
 TARGET_FACTOR, TARGET_MS = 1.5, 100.0
@@ -83,11 +84,11 @@ async def measure(
 ) -> dict[str, Any]:  # fmt: skip
     modes: dict[str, Any] = {}
     described = upstream
-    for mode, settings in MODES.items():
+    for mode, (completions_proxied, chats_proxied) in MODES.items():
         async with two_slots(upstream) as (url, server):
             described = server
-            modes[mode] = await one_run(url, settings, seconds, every_ms, 0 if mode == "alone" else chats,
-                                        chat_tokens, max_tokens)  # fmt: skip
+            modes[mode] = await one_run(url, completions_proxied, chats_proxied, seconds, every_ms,
+                                        0 if mode == "alone" else chats, chat_tokens, max_tokens)  # fmt: skip
         progress(f"{mode}: {line(modes[mode])}")
     alone, lanes = modes["alone"]["ttft_p95_ms"], modes["lanes"]["ttft_p95_ms"]
     limit = None if alone is None else TARGET_FACTOR * alone + TARGET_MS
@@ -98,19 +99,20 @@ async def measure(
 
 
 async def one_run(
-    upstream: str, settings: dict[str, Any] | None, seconds: float, every_ms: float, chats: int, chat_tokens: int,
-    max_tokens: int,
+    upstream: str, completions_proxied: bool, chats_proxied: bool, seconds: float, every_ms: float, chats: int,
+    chat_tokens: int, max_tokens: int,
 ) -> dict[str, Any]:  # fmt: skip
     async with contextlib.AsyncExitStack() as stack:
-        url = upstream
-        if settings is not None:
-            proxy = build_app(Settings.model_validate({"upstream": upstream, "log": None, **settings}))
-            url = await stack.enter_async_context(serve_app(proxy))
+        proxied = upstream
+        if completions_proxied or chats_proxied:
+            proxy = build_app(Settings.model_validate({"upstream": upstream, "log": None}))  # the defaults
+            proxied = await stack.enter_async_context(serve_app(proxy))
+        url, chat_url = proxied if completions_proxied else upstream, proxied if chats_proxied else upstream
         session = await stack.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
         stop = asyncio.Event()
         answers: list[float] = []
         refused = [0]
-        chatters = [asyncio.create_task(chat_client(session, url, chat_tokens, stop, answers, refused))
+        chatters = [asyncio.create_task(chat_client(session, chat_url, chat_tokens, stop, answers, refused))
                     for _ in range(chats)]  # fmt: skip
         ttfts: list[float] = []
         with_text = [0]
@@ -119,7 +121,7 @@ async def one_run(
         number = 0
         while time.monotonic() - started < seconds:
             requests.append(asyncio.create_task(completion(session, url, number, max_tokens, ttfts, with_text,
-                                                           direct=settings is None)))  # fmt: skip
+                                                           direct=not completions_proxied)))  # fmt: skip
             number += 1
             await asyncio.sleep(every_ms / 1000)
         await asyncio.gather(*requests)
@@ -172,9 +174,13 @@ async def chat_client(
             "max_tokens": tokens, "stream": True}  # fmt: skip
     while not stop.is_set():
         started = time.monotonic()
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
-            data = await resp.read()
-        if resp.status == 200 and data.rstrip().endswith(b"data: [DONE]"):
+        try:
+            async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                data = await resp.read()
+            whole = resp.status == 200 and data.rstrip().endswith(b"data: [DONE]")
+        except aiohttp.ClientError:  # llama.cpp closes a connection after a streamed answer: a pooled one may fail
+            whole = False
+        if whole:
             answers.append(time.monotonic() - started)
         else:
             refused[0] += 1
@@ -196,7 +202,7 @@ def render(result: dict[str, Any], command: str) -> str:
              f"{result['chat_tokens']}-token answers, one after another. Time to first text: an answer without "
              "text counts at its end (the proxy's deadline, or a plugin's 5 s going direct).", "",
              "| run | completion first text p50 ms | p95 ms | with text | chat answers | s per chat answer "
-             "| chats refused |",
+             "| chats refused or failed |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for mode, run in result["modes"].items():
         mean = run["chat_answer_mean_s"]
