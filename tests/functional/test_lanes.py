@@ -10,6 +10,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 import pytest
 from aiohttp import web
@@ -147,19 +148,31 @@ async def test_on_the_real_server_no_completion_waits_behind_a_chat_while_the_re
     completions meanwhile take the reserved slot without waiting; both chats end with their whole answer."""
     proxy = await make_proxy(upstream=embedded_server.url, debounce_ms=0, timeout_ms=0, reuse=False)
     admission = proxy.app[POLICIES].admission
-    chat = {"messages": [{"role": "user", "content": "Count from one to twenty in words."}], "stream": True,
-            "max_tokens": 48, "temperature": 0}  # fmt: skip
-    chats = [asyncio.create_task(proxy.post("/v1/chat/completions", json=chat)) for _ in range(2)]
+    question = "Count from one to twenty in words."
+    chat = {"messages": [{"role": "user", "content": question}], "stream": True, "max_tokens": 48, "temperature": 0}
+    client = openai.AsyncOpenAI(base_url=f"http://{proxy.host}:{proxy.port}/v1", api_key="unused", max_retries=0)
+
+    async def openai_chat() -> str:  # the registry's own client reads the chat through the proxy
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0, stream=True
+        )
+        return "".join([part.choices[0].delta.content or "" async for part in stream if part.choices])
+
+    first = asyncio.create_task(proxy.post("/v1/chat/completions", json=chat))
+    await admission.changes.wait_for(lambda: admission.bulk_running == 1, 30)
+    second = asyncio.create_task(openai_chat())
     await admission.changes.wait_for(lambda: admission.bulk_running == 1 and admission.bulk_depth == 1, 30)
     body = {"prompt": "def add(a, b):\n    return", "max_tokens": 4, "temperature": 0}
     resp = await proxy.post("/v1/completions", json=body)
     assert resp.status == 200
     record = proxy.app[RECORDS].last()
     assert record.outcome == "ok" and record.queue_ms == 0.0  # no wait behind a bulk request
-    for task in chats:
-        answer = await task
-        events = [line for line in (await answer.read()).split(b"\n") if line.startswith(b"data: ")]
-        assert answer.status == 200 and events[-1] == b"data: [DONE]"
-        assert any(b'"finish_reason":"length"' in e or b'"finish_reason":"stop"' in e for e in events)
+    answer = await first
+    events = [line for line in (await answer.read()).split(b"\n") if line.startswith(b"data: ")]
+    assert answer.status == 200 and events[-1] == b"data: [DONE]"
+    assert any(b'"finish_reason":"length"' in e or b'"finish_reason":"stop"' in e for e in events)
+    assert (await second).strip()  # the openai client's chat got its whole answer, after waiting its turn
+    await client.close()
+    await proxy.app[RECORDS].changes.wait_for(lambda: len(proxy.app[TELEMETRY].bulk) == 2, 30)
     assert [r.outcome for r in proxy.app[TELEMETRY].bulk] == ["ok", "ok"]
     assert orjson.loads(await (await proxy.get("/status")).read())["lanes"]["bulk"]["wait_ms"]["of"] == 2
