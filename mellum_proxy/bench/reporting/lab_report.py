@@ -349,7 +349,7 @@ def _capacity_lines(result: dict[str, Any]) -> list[str]:
              f"{rule['stagger_ms']:.0f} ms x i later), each through a proxy of its own; counts tried: "
              f"{', '.join(map(str, rule['counts']))}. Carried: the pooled pause-to-suggestion p95 <= "
              f"{rule['p95_limit_ms']:.0f} ms and the mean pause coverage >= {rule['coverage_share']:.0%} of the same "
-             "developers' alone. `capacity.png`: p95 against N.", "",
+             "developers' alone. `capacity.png`: p95 against N." + _chatting(rule), "",
              "| profile | policy | developers carried | p95 ms | coverage |", "|---|---|---|---|---|"]  # fmt: skip
     for row in result["capacity"]:
         lines.append(f"| {row['profile']} | {row['policy']} | {row['developers']} | {_fmt(row['p95_ms'], '{:.0f}')} "
@@ -389,3 +389,12 @@ def plot_capacity(result: dict[str, Any], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)
+
+
+def _chatting(rule: dict[str, Any]) -> str:
+    share = rule.get("chat_share") or 0.0
+    if not share:
+        return ""
+    return (f" {share:.0%} of each team also chats beside the typing: {rule['chat_tokens']}-token answers one after "
+            "another on the same server, through the developer's own proxy (its bulk lane), or straight to it "
+            "(`direct`).")
