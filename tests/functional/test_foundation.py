@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import aiohttp
 import pytest
 
+from mellum_proxy.http import RECORDS
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.sse import collect_text, events
@@ -176,12 +176,12 @@ async def test_unknown_path_is_a_json_404(embedded_proxy: Any) -> None:
     assert (await resp.json())["error"]["type"] == "not_found"
 
 
-async def test_refused_upstream_is_502_within_a_second(make_proxy: ProxyFactory, unused_tcp_port: int) -> None:
-    proxy = await make_proxy(upstream=f"http://127.0.0.1:{unused_tcp_port}", debounce_ms=0)
-    started = time.monotonic()
+async def test_refused_upstream_is_a_502_not_a_wait(make_proxy: ProxyFactory, unused_tcp_port: int) -> None:
+    """No deadline to end it: the answer is the refusal itself (by state, not by a clock on a busy machine)."""
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{unused_tcp_port}", debounce_ms=0, timeout_ms=0)
     resp = await proxy.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
-    assert time.monotonic() - started < 1.0
     assert resp.status == 502
+    assert proxy.app[RECORDS].last().error == "upstream_unreachable"
     assert (await resp.json())["error"]["type"] == "upstream_unavailable"
     health = await proxy.get("/health")
     assert health.status == 503

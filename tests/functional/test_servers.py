@@ -5,6 +5,7 @@ Each fake follows a file of the server's own source, cited at the fake.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.bench.doubles.responder import answering, routes
-from mellum_proxy.http import POLICIES, RECORDS
+from mellum_proxy.http import POLICIES, PROBES, RECORDS
 from tests.conftest import ProxyFactory
 
 
@@ -113,6 +114,7 @@ async def test_a_vllm_shaped_upstream_gets_its_model_name_and_key(
     upstream = await aiohttp_server(vllm_shaped(fake, "team-key-123"))
     with caplog.at_level(logging.INFO, "mellum_proxy"):
         proxy = await make_proxy(upstream=str(upstream.make_url("")), upstream_api_key="team-key-123", reuse=False)
+        await asyncio.wait_for(proxy.app[PROBES].settled.wait(), 30)  # the start-up line is said by then
     found = "kind vllm, model JetBrains/Mellum-4b-base, 1024 tokens per request, 4 slots"
     assert any(found in message for message in caplog.messages), caplog.messages  # the start-up line
     assert proxy.app[POLICIES].admission.limit == 4  # not serialized at 1 for want of /props
