@@ -23,6 +23,7 @@ PYTHON = os.environ.get("MELLUM_PROXY_VLLM_PYTHON", ".venv-vllm/bin/python")
 MODEL = os.environ.get("MELLUM_PROXY_VLLM_MODEL", ".venv-vllm/model")
 SERVED = "gemma3-270m"
 CONTEXT = 2048
+CHAT_TEMPLATE = Path(__file__).with_name("chat_template.jinja")
 RUNNING = os.environ.get("MELLUM_PROXY_VLLM_URL")  # one already started (the edit-run loop): used, never stopped
 READY_S = 400  # 39-112 s on the 2-core machine; more when the machine is busy
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
@@ -45,9 +46,12 @@ class VllmServer:
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"mellum-proxy-vllm-{self.port}.log"
 
     def start(self) -> None:
+        # priority scheduling: the lanes' `upstream_priority` (a request without one is 0, as under fcfs); a chat
+        # template of its own: the converted test model has none, and the lanes' test sends a chat
         command = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(Path(MODEL).resolve()),
                    "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(self.port),
-                   "--max-model-len", str(CONTEXT), "--dtype", "bfloat16", "--enforce-eager"]  # fmt: skip
+                   "--max-model-len", str(CONTEXT), "--dtype", "bfloat16", "--enforce-eager",
+                   "--scheduling-policy", "priority", "--chat-template", str(CHAT_TEMPLATE)]  # fmt: skip
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(command, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)  # fmt: skip

@@ -177,6 +177,23 @@ async def test_admission_never_lets_vllm_hold_more_than_the_proxys_limit(
     assert peak == 1
 
 
+async def test_completions_go_first_on_a_priority_scheduled_vllm_and_chat_takes_its_lane(
+    make_proxy: ProxyFactory, engine: Engine
+) -> None:
+    """vLLM started with `--scheduling-policy priority` takes the proxy's `priority` on each completion (a vLLM
+    without it refuses one), and a chat through the proxy is a bulk request that gets its whole answer."""
+    proxy = await make_proxy(upstream=engine.url, timeout_ms=0, max_tokens=8, reuse=False, upstream_priority=True)
+    resp = await proxy.post("/v1/completions", json={"prompt": "def add(a, b):\n    return", "max_tokens": 8})
+    assert resp.status == 200, await resp.text()
+    assert proxy.app[RECORDS].last().outcome == "ok"
+    chat = {"model": SERVED, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+    answer = await proxy.post("/v1/chat/completions", json=chat)
+    assert answer.status == 200, await answer.text()
+    assert (await answer.json())["choices"][0]["message"]["content"] is not None
+    status = await (await proxy.get("/status")).json()
+    assert status["lanes"]["bulk"]["wait_ms"]["of"] == 1 and status["lanes"]["bulk"]["inflight"] == 0
+
+
 def test_profile_and_a_short_replay_run_on_vllm(vllm_server: VllmServer, tmp_path: Path) -> None:
     cli = [sys.executable, "-m", "mellum_proxy"]
     subprocess.run([*cli, "profile", "--upstream", vllm_server.url, "--out", str(tmp_path / "profile.json")],
