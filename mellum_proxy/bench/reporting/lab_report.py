@@ -393,10 +393,5 @@ def plot_capacity(result: dict[str, Any], path: Path) -> None:
 
 def _chatting(rule: dict[str, Any]) -> str:
     share = rule.get("chat_share") or 0.0
-    if not share:
-        return ""
-    return (
-        f" {share:.0%} of each team also chats beside the typing: {rule['chat_tokens']}-token answers one after "
-        "another on the same server, through the developer's own proxy (its bulk lane), or straight to it "
-        "(`direct`)."
-    )
+    chats = f"{rule.get('chat_tokens')}-token answers one after another on the same server, through the developer's"
+    return f" {share:.0%} of each team also chats: {chats} own proxy (its bulk lane), or direct." if share else ""
