@@ -20,7 +20,9 @@ SUFFIX = "\n\nprint(add(1, 2))\n"
 
 @pytest.fixture
 async def proxy(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> Any:
-    client = await make_proxy(upstream=embedded_server.url, timeout_ms=0, max_tokens=16)
+    # greedy: sampled, its answer was once empty in a fresh-clone run beside two busy loops, and an empty answer
+    # leaves nothing to reuse
+    client = await make_proxy(upstream=embedded_server.url, timeout_ms=0, max_tokens=16, default_temperature=0)
     await asyncio.wait_for(client.app[PROBES].settled.wait(), 60)
     return client
 
