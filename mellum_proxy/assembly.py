@@ -243,10 +243,11 @@ async def open_core(
 
 
 def upstream_connection_limit() -> int:
-    """The most connections to upstreams at once: a quarter of the process's open-file limit (0: no limit, where
-    the process has none), so that passed-through streams and keep-alive pools cannot exhaust it."""
+    """The most connections to upstreams at once: an eighth of the process's open-file limit (0: no limit, where
+    the process has none; 128 at the usual 1,024), so that passed-through streams and keep-alive pools cannot
+    exhaust it. The listener has half; the rest is the process's own files and sockets still closing."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return 0 if soft == resource.RLIM_INFINITY else max(8, soft // 4)
+    return 0 if soft == resource.RLIM_INFINITY else max(8, soft // 8)
 
 
 def fallback_discovery(model: str | None) -> Callable[[UpstreamClient], Awaitable[None]]:

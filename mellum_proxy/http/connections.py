@@ -3,7 +3,7 @@
 A client that opens connections and never finishes a request's headers (slowloris) would keep each one
 forever: aiohttp has no deadline for headers, and at the process's file limit the listener stops
 accepting and asyncio logs every failed accept. So at most `limit` connections are open at once (half
-the file limit, at most `MAX_CONNECTIONS`; the editor needs a few; the upstream's connections have a quarter,
+the file limit, at most `MAX_CONNECTIONS`; the editor needs a few; the upstream's connections have an eighth,
 `mellum_proxy.assembly.upstream_connection_limit`, the rest is the process's files), one more is answered 503
 and closed as it comes, and a connection that has not sent its first request's headers within `header_s` is
 closed. A request whose
@@ -20,6 +20,13 @@ from typing import Any
 MAX_CONNECTIONS = 256
 HEADER_S = 10.0  # for a new connection to deliver its first request's headers
 _END_OF_HEADERS = b"\r\n\r\n"
+
+
+def accept_batch() -> int:
+    """How many connections asyncio accepts at once (its `backlog`): a sixteenth of the open-file limit, 8 to 100.
+    A burst accepts that many before the guard can refuse one, so it must fit under the limit beside the rest."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 100 if soft == resource.RLIM_INFINITY else max(8, min(100, soft // 16))
 
 
 def connection_limit() -> int:

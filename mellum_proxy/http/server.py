@@ -24,7 +24,7 @@ from aiohttp import web
 
 from mellum_proxy.config import Settings
 from mellum_proxy.http.app import build_app
-from mellum_proxy.http.connections import ConnectionGuard
+from mellum_proxy.http.connections import ConnectionGuard, accept_batch
 from mellum_proxy.http.keys import CONNECTIONS, UPSTREAMS
 from mellum_proxy.upstream.local_servers import find_local_server
 
@@ -59,8 +59,8 @@ async def listen(runner: web.AppRunner, host: str, port: int, sock: socket.socke
     guard.factory = runner.server
     loop = asyncio.get_running_loop()
     if sock is not None:
-        return await loop.create_server(guard, sock=sock)
-    return await loop.create_server(guard, host, port, reuse_address=True)
+        return await loop.create_server(guard, sock=sock, backlog=accept_batch())
+    return await loop.create_server(guard, host, port, reuse_address=True, backlog=accept_batch())
 
 
 def bind(host: str, port: int) -> socket.socket:
