@@ -54,9 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--out", type=Path, default=Path("baseline.json"), help="JSON output [default: baseline.json]")
 
     from mellum_proxy.editor import cli as editor_cli
+    from mellum_proxy.fit import cli as fit_cli
     from mellum_proxy.planner import cli as planner_cli
 
     planner_cli.add_commands(commands)
+    fit_cli.add_commands(commands)
     editor_cli.add_commands(commands)
     # The bench (plots, traces, HumanEval) loads only when asked for: `main` hands it the rest.
     commands.add_parser("tune", help="the policy settings for your typing on your server (see tune --help)")
@@ -172,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _run(argv: Sequence[str] | None) -> None:
     from mellum_proxy.editor.cli import HANDLERS as EDITOR
+    from mellum_proxy.fit.cli import run_fit
     from mellum_proxy.planner.cli import HANDLERS as PLANNER
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -183,4 +186,4 @@ def _run(argv: Sequence[str] | None) -> None:
         bench(argv[1:])
         return
     args = build_parser().parse_args(argv)
-    {**_COMMANDS, **PLANNER, **EDITOR}[args.command](args)
+    {**_COMMANDS, **PLANNER, **EDITOR, "fit": run_fit}[args.command](args)

@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     embedded_ctx_tokens: int = Field(4096, ge=256, description="Embedded server's total context (all slots).")
     embedded_slots: int = Field(2, ge=1, le=64, description="Embedded server's parallel slots.")
     embedded_threads: int = Field(0, ge=0, description="Embedded server's CPU threads (0: half the cores).")
+    embedded_kv_type: Literal["f16", "bf16", "q8_0", "q4_0"] = Field(
+        "f16", description="Embedded server's KV cache type (`mellum-proxy fit` measures the choice)."
+    )
 
     # --- request handling --------------------------------------------------------------------
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted.")

@@ -98,6 +98,7 @@ class EmbeddedSection:
     ctx_tokens: int = field(metadata=source("embedded_ctx_tokens"))
     slots: int = field(metadata=source("embedded_slots"))
     threads: int = field(metadata=source("embedded_threads"))  # 0: `mellum_proxy.upstream.embedded.default_threads`
+    kv_type: str = field(metadata=source("embedded_kv_type"))
 
 
 @dataclass(frozen=True, slots=True)

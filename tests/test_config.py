@@ -131,7 +131,8 @@ def test_broken_toml_is_one_line(tmp_path: Path) -> None:
 SETTINGS_USERS_HAVE = (
     "listen auth_token upstream upstream_api_key upstream_model upstream_kind upstream_header routing_key "
     "routing_key_header developer_id health_interval_ms embedded model embedded_ctx_tokens embedded_slots "
-    "embedded_threads max_body_bytes upstream_connect_timeout_ms upstream_answer_timeout_ms passthrough_timeout_ms "
+    "embedded_threads embedded_kv_type max_body_bytes upstream_connect_timeout_ms upstream_answer_timeout_ms "
+    "passthrough_timeout_ms "
     "shutdown_timeout_s dispatch debounce_ms hold_idle_max_ms hold_busy_max_ms hold_min_ms hold_gap_factor "
     "foresight_hold_ms foresight_learn reuse "
     "keep_prefill max_inflight max_concurrency max_queue ttft_timeout_ms timeout_ms max_context_tokens max_tokens "

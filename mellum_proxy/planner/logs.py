@@ -47,7 +47,10 @@ _LLAMA = [
 _VLLM = [
     (re.compile(r"(?:Model loading|Loading model weights) took ([\d.]+) (GiB|GB|MiB)"), "weights"),
     (re.compile(r"Available KV cache memory: ([\d.]+) (GiB|GB|MiB)"), "kv"),
-    (re.compile(r"GPU KV cache size: ([\d,]+) tokens"), "kv_tokens"),
+    (re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens"), "kv_tokens"),
+    # the CPU build: the checkpoint as loaded, and the KV cache pool VLLM_CPU_KVCACHE_SPACE set
+    (re.compile(r"Checkpoint size: ([\d.]+) (GiB|GB|MiB)"), "checkpoint"),
+    (re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) (GiB) for KV cache"), "kv"),
     (re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"), "concurrency"),
 ]
 _OLLAMA = re.compile(r'memory\.(required\.full|required\.kv|weights\.total|graph\.full)="([\d.]+) (GiB|MiB|KiB|B)"')
@@ -97,6 +100,8 @@ def _vllm_line(report: LogReport, line: str) -> None:
         report.backend = "vllm"
         report.note(line)
         if kind == "weights":
+            report.weights_bytes = _bytes(match[1], match[2])
+        elif kind == "checkpoint" and not report.weights_bytes:  # "Model loading took" says more, where it is
             report.weights_bytes = _bytes(match[1], match[2])
         elif kind == "kv":
             report.kv_bytes = _bytes(match[1], match[2])

@@ -42,6 +42,11 @@ class EmbeddedServer:
         swa_full: keep full-size KV cache for sliding-window layers, so a common prompt prefix can be
             reused (llama.cpp otherwise re-processes the whole prompt of SWA models such as gemma-3).
         verbosity: llama.cpp's log level on stderr (4 prints its buffer sizes, for `inspect-log`).
+        kv_type: the KV cache's type (`f16`, `q8_0`, `q4_0`; llama.cpp's `-ctk`/`-ctv`); a quantized V cache
+            turns flash attention on, as llama.cpp requires.
+
+    The server starts the knobs it is given: llama.cpp's own fitting to free memory (`-fit`, which shrinks the
+    context when the cache would not fit) is off, so a context that cannot be allocated fails at load, saying so.
     """
 
     def __init__(
@@ -53,6 +58,7 @@ class EmbeddedServer:
         port: int = 0,
         swa_full: bool = False,
         verbosity: int = 0,
+        kv_type: str = "f16",
     ) -> None:
         self.model = model
         self.ctx_tokens = ctx_tokens
@@ -61,6 +67,7 @@ class EmbeddedServer:
         self.port = port
         self.swa_full = swa_full
         self.verbosity = verbosity
+        self.kv_type = kv_type
         self._server: Any = None
         self.url: str | None = None
 
@@ -87,6 +94,9 @@ class EmbeddedServer:
         params.endpoint_slots = True
         params.verbosity = self.verbosity
         params.swa_full = self.swa_full
+        params.cache_type_k = params.cache_type_v = _ggml_type(xllamacpp, self.kv_type)
+        if hasattr(params, "fit_params"):
+            params.fit_params = False
         self._server = xllamacpp.Server(params)
         self.url = str(self._server.listening_address).rstrip("/")
         self.port = int(self.url.rsplit(":", 1)[1])
@@ -97,6 +107,13 @@ class EmbeddedServer:
         self._server = None
         self.url = None
         gc.collect()
+
+
+def _ggml_type(xllamacpp: Any, name: str) -> Any:
+    try:
+        return getattr(xllamacpp.ggml_type, f"GGML_TYPE_{name.upper()}")
+    except AttributeError:
+        raise RuntimeError(f"llama.cpp has no KV cache type '{name}' (f16, q8_0, q4_0, ...)") from None
 
 
 _LOG_CHILD = """

@@ -68,6 +68,20 @@ def test_quoted_vllm_lines() -> None:
     assert found.weights_bytes == round(67.7229e9)
 
 
+def test_vllm_cpu_build_lines() -> None:
+    """vLLM 0.32.0's CPU build (the opt-in tier's server) says its checkpoint and its KV cache pool so."""
+    text = (
+        "(Worker pid=26722) INFO 12-05 13:21:40 [weight_utils.py:1108] Filesystem type for checkpoints: EXT4. "
+        "Checkpoint size: 0.50 GiB. Available RAM: 20.52 GiB.\n"
+        "(Worker pid=26722) INFO 12-05 13:21:43 [cpu_worker.py:260] Explicitly set (2.0/23.54) GiB for KV cache on "
+        "node 0.\n(EngineCore pid=26708) INFO 12-05 13:21:43 [kv_cache_utils.py:2327] CPU KV cache size: 110,733 "
+        "tokens, Maximum concurrency for 2,048 tokens per request: 54.07x\n"
+    )
+    found = parse_log(text)
+    assert (found.backend, found.weights_bytes, found.kv_bytes) == ("vllm", round(0.5 * 2**30), 2 * 2**30)
+    assert found.facts["kv_cache_tokens"] == 110733
+
+
 def test_quoted_ollama_line() -> None:
     found = parse_log(OLLAMA_LOG)
     assert found.backend == "ollama"

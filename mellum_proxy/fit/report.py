@@ -1,0 +1,161 @@
+"""What `fit` writes: `defaults.env`, `config.toml` (the proxy), `fit.json`, `fit.md` and `fit.png`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from mellum_proxy.config import Settings
+from mellum_proxy.fit.choice import Choice
+from mellum_proxy.fit.measure import Measurement
+
+GIB = 2**30
+ASKED_TOKENS = 48  # what the deadline leaves room to decode: `serve --embedded`'s max_tokens, a short suggestion
+
+
+def components(m: Measurement) -> dict[str, dict[str, float | None]]:
+    """Paper beside measured per component, in GiB: weights and KV cache from the server's own allocation lines,
+    the rest of the peak as overhead, and the peak itself."""
+    paper = m.candidate.paper
+    logged_w, logged_kv = m.logged.get("weights_bytes") or 0, m.logged.get("kv_bytes") or 0
+    peak = m.measured_peak_gib
+    rows = {"weights": (paper.weights_bytes / GIB, logged_w / GIB if logged_w else None),
+            "kv_cache": (paper.kv_bytes / GIB, logged_kv / GIB if logged_kv else None),
+            "overhead": (paper.overhead_bytes / GIB,
+                         peak - (logged_w + logged_kv) / GIB if peak is not None and logged_w else None),
+            "total": (paper.total_bytes / GIB, peak)}  # fmt: skip
+    return {name: {"paper_gib": p, "measured_gib": got, "error": (p - got) / got if got else None}
+            for name, (p, got) in rows.items()}  # fmt: skip
+
+
+def deadline_ms(m: Measurement) -> int | None:
+    """Room for a near-limit prompt's first token and a short suggestion, half again: `timeout_ms`."""
+    if m.ttft_ms["long"] is None or not m.decode_tps:
+        return None
+    need = 1.5 * (m.ttft_ms["long"] + ASKED_TOKENS / m.decode_tps * 1000)
+    default: int = Settings.model_fields["timeout_ms"].default
+    return max(default, int(math.ceil(need / 100) * 100))
+
+
+def config_toml(choice: Choice, embedded: bool, packaged: bool) -> str:
+    m = choice.chosen
+    lines = ["# written by `mellum-proxy fit` from what it measured (fit.md says how)", "",
+             f"max_context_tokens = {choice.context}", f"max_concurrency = {choice.batch}"]  # fmt: skip
+    deadline = deadline_ms(m)
+    if deadline is not None:
+        lines.append(f"timeout_ms = {deadline}  # 1.5 x (near-limit first token + {ASKED_TOKENS} tokens)")
+    if embedded:
+        lines += [f"embedded_ctx_tokens = {choice.context * choice.batch}", f"embedded_slots = {choice.batch}",
+                  f'embedded_kv_type = "{choice.kv_type}"']  # fmt: skip
+        if not packaged:
+            lines.append(f"model = {orjson.dumps(str(choice.model.resolve())).decode()}")
+    return "\n".join(lines) + "\n"
+
+
+def server_flags(choice: Choice) -> list[str]:
+    vllm_kv = "auto" if choice.kv_type in ("f16", "bf16") else choice.kv_type
+    return [f"llama.cpp: llama-server -m {choice.model.name} -c {choice.context * choice.batch} -np {choice.batch} "
+            f"-ctk {choice.kv_type} -ctv {choice.kv_type} -ngl 99",
+            f"vLLM: vllm serve MODEL --max-model-len {choice.context} --max-num-seqs {choice.batch} "
+            f"--kv-cache-dtype {vllm_kv}",
+            f"Ollama: num_ctx {choice.context}, OLLAMA_NUM_PARALLEL={choice.batch}, "
+            f"OLLAMA_KV_CACHE_TYPE={choice.kv_type}",
+            f"stress profile: context {choice.stress_context}, {choice.stress_batch} at once"]  # fmt: skip
+
+
+def as_json(meta: dict[str, Any], measured: list[Measurement], choice: Choice | None, why: str,
+            floor: float | None) -> dict[str, Any]:  # fmt: skip
+    chosen = None
+    if choice is not None:
+        chosen = {"name": choice.chosen.candidate.name, "model": choice.model.name, "quant": choice.quant,
+                  "kv_type": choice.kv_type, "context": choice.context, "batch": choice.batch,
+                  "stress_context": choice.stress_context, "stress_batch": choice.stress_batch}  # fmt: skip
+    return {**meta, "quality_floor": floor, "why": why, "chosen": chosen,
+            "candidates": [{**m.summary(), "components": components(m)} for m in measured]}  # fmt: skip
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render(report: dict[str, Any], choice: Choice | None) -> str:
+    source = {m["memory_source"] for m in report["candidates"]}
+    lines = [f"# fit: {report['server']}", "", f"`{report['command']}`", "",
+             f"Budget {report['gpu_gib']:g} GiB, headroom {report['margin']:.0%}, business context "
+             f"{report['context']}; memory measured by "
+             + ("NVML (the GPU's used memory, sampled every 0.1 s, less what was used before the server started)"
+                if source == {"nvml"} else "the server's host memory: its processes' peak resident set (VmHWM), "
+                "summed over them (shared pages counted in each), not GPU memory (no NVIDIA driver here)")
+             + f". {report['paper_note']}"
+             + " Each candidate's server log: `logs/candidate-N.log`, in this table's order."
+             + ("" if source == {"nvml"} else " The paper's overhead is a GPU backend's (CUDA context, compute "
+                "buffers); in host memory the rest of the peak is the server's process (interpreter, libraries, "
+                "compute buffers): compare weights and KV cache there, not the overhead."), "",
+             "| candidate | why | paper GiB | measured peak GiB | first token short / near-limit ms (prompt tokens) "
+             "| decode tok/s | quality | failures | status |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for m in report["candidates"]:
+        q = m["quality"]
+        score = f"{q['exact']}/{q['tasks']}" if q else "-"
+        failures = "; ".join(f"{f['kind']}: `{f['detail']}`" for f in m["failures"]) or "none"
+        lines.append(f"| {m['name']} | {m['why']} | {m['paper_gib']:.2f} | {_num(m['measured_peak_gib'])} | "
+                     f"{_num(m['ttft_ms']['short'], 0)} ({m['prompt_tokens']['short'] or '-'}) / "
+                     f"{_num(m['ttft_ms']['long'], 0)} ({m['prompt_tokens']['long'] or '-'}) | "
+                     f"{_num(m['decode_tps'], 1)} | {score} | {failures} | "
+                     f"{m['status']} |")  # fmt: skip
+    lines += ["", "Paper against measured, per component (GiB; measured weights and KV cache from the server's own "
+              "allocation lines, overhead the rest of the measured peak):", "",
+              "| candidate | weights paper / measured | KV cache | overhead | total |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for m in report["candidates"]:
+        cells = [f"{_num(row['paper_gib'], 3)} / {_num(row['measured_gib'], 3)}"
+                 + (f" ({row['error']:+.0%})" if row["error"] is not None else "")
+                 for row in m["components"].values()]  # fmt: skip
+        lines.append(f"| {m['name']} | " + " | ".join(cells) + " |")
+    mismatches = [f"- {m['name']}: {text}" for m in report["candidates"] for text in m["mismatches"]]
+    if mismatches:
+        lines += ["", "What the server said it loaded differs from what was asked:", *mismatches]
+    lines += ["", f"Chosen: **{report['chosen']['name'] if report['chosen'] else 'none'}**. {report['why']}."]
+    if choice is not None:
+        lines += ["", "```", choice.env().rstrip(), "```", "", "Server flags:", ""]
+        lines += [f"- {line}" for line in server_flags(choice)]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> bool:
+    """Memory per candidate (paper beside measured, per component) and first-token time per prompt; False when
+    matplotlib is missing (the bench extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = report["candidates"]
+    names = [m["name"] for m in rows]
+    fig, (mem, ttft) = plt.subplots(1, 2, figsize=(12, 4.5))
+    x = range(len(rows))
+    for offset, side in ((-0.2, "paper_gib"), (0.2, "measured_gib")):
+        bottom = [0.0] * len(rows)
+        for part, color in (("weights", "#4c72b0"), ("kv_cache", "#dd8452"), ("overhead", "#8c8c8c")):
+            values = [m["components"][part][side] or 0.0 for m in rows]
+            mem.bar([i + offset for i in x], values, 0.38, bottom=bottom, color=color,
+                    alpha=1.0 if side == "paper_gib" else 0.6, label=f"{part} ({side.split('_')[0]})")  # fmt: skip
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    mem.set_xticks(list(x), names, rotation=15, fontsize=7)
+    mem.set_ylabel("GiB")
+    mem.set_title("memory: paper (left) vs measured (right)")
+    mem.legend(fontsize=6)
+    for offset, phase in ((-0.2, "short"), (0.2, "long")):
+        ttft.bar([i + offset for i in x], [m["ttft_ms"][phase] or 0.0 for m in rows], 0.38, label=phase)
+    ttft.set_xticks(list(x), names, rotation=15, fontsize=7)
+    ttft.set_ylabel("ms")
+    ttft.set_title("first token, at the candidate's batch")
+    ttft.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

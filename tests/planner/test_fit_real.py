@@ -1,0 +1,85 @@
+"""`fit` on the real embedded llama.cpp (each candidate a server process of its own): measured, chosen, written,
+a candidate that cannot load reported as failed, and Ctrl-C leaving no server behind."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from mellum_proxy.cli import main
+from mellum_proxy.fit.candidates import Candidate
+from mellum_proxy.fit.measure import FitOptions, measure
+from mellum_proxy.planner.sweep import Cell
+from mellum_proxy.settings_file import load_settings
+from mellum_proxy.upstream.embedded import packaged_model
+
+pytestmark = [pytest.mark.embedded, pytest.mark.slow]
+
+
+def test_fit_measures_the_candidates_and_writes_what_serve_reads(tmp_path: Path) -> None:
+    main(["fit", "--embedded", "--gpu-gib", "2", "--context", "256", "--contexts", "256,512", "--batches", "1",
+          "--kv-types", "f16,q8_0", "--quality-tasks", "3", "--idle-s", "0", "--out", str(tmp_path)])  # fmt: skip
+    report = orjson.loads((tmp_path / "fit.json").read_bytes())
+    runs = {(c["context"], c["kv_type"]): c for c in report["candidates"]}
+    assert set(runs) == {(256, "f16"), (512, "f16"), (256, "q8_0")}  # context and cache type, one at a time
+    for run in runs.values():
+        assert run["status"] == "ok" and run["failures"] == [] and run["memory_source"] == "host_rss"
+        assert run["measured_peak_gib"] > run["components"]["weights"]["measured_gib"] > 0
+        for part in ("weights", "kv_cache"):  # the planner's accuracy where the server logs its allocations
+            assert abs(run["components"][part]["error"]) <= 0.10, (run["name"], part, run["components"][part])
+        assert run["prompt_tokens"]["long"] > 0.8 * run["context"]  # near the limit
+        assert run["quality"]["tasks"] == 3 and run["mismatches"] == []
+    # the q8_0 cache is smaller on the server, as on paper
+    assert runs[(256, "q8_0")]["logged"]["kv_bytes"] < runs[(256, "f16")]["logged"]["kv_bytes"]
+    assert report["chosen"]["context"] == 256 and report["chosen"]["kv_type"] == "f16"
+    env = (tmp_path / "defaults.env").read_text()
+    assert "CTX_DEFAULT=256\nBATCH_DEFAULT=1\nCTX_STRESS=512\n" in env
+    settings = load_settings({"embedded": True}, tmp_path / "config.toml")
+    assert (settings.max_context_tokens, settings.embedded_ctx_tokens, settings.embedded_slots) == (256, 256, 1)
+    assert "paper" in (tmp_path / "fit.md").read_text() and (tmp_path / "fit.png").stat().st_size > 0
+
+
+def test_a_candidate_that_cannot_load_is_a_measured_failure() -> None:
+    impossible = 2**25  # 100 GB of KV cache
+    cell = Cell("Q4_K_M", impossible, 1, 0, 0, 0, 0, 0.0, "OK")
+    candidate = Candidate(packaged_model(), "Q4_K_M", impossible, 1, "f16", cell, "test")
+    said: list[str] = []
+    result = asyncio.run(measure(candidate, 2.0, 0.25, 0.85, FitOptions(quality=None, idle_s=0), said.append))
+    assert result.status == "failed"
+    assert result.failures[0]["kind"] == "load_oom" and "failed to allocate" in result.failures[0]["detail"]
+    assert any("failed to start" in line for line in said)
+
+
+def test_ctrl_c_stops_the_server_fit_started_and_keeps_what_was_measured(tmp_path: Path) -> None:
+    fit = subprocess.Popen(
+        [sys.executable, "-m", "mellum_proxy", "fit", "--embedded", "--gpu-gib", "2", "--context", "256",
+         "--contexts", "256,512", "--batches", "1", "--quality-tasks", "0", "--idle-s", "600", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert fit.stdout is not None
+    for line in fit.stdout:  # the first candidate's server is up and idling
+        if "loaded in" in line:
+            break
+    children = [int(p) for p in Path(f"/proc/{fit.pid}/task/{fit.pid}/children").read_text().split()]
+    assert children, "fit started no server process"
+    fit.send_signal(signal.SIGINT)
+    rest = fit.communicate(timeout=60)[0]
+    assert fit.returncode == 130, rest
+    assert "interrupted" in rest
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"server {pid} outlived fit"
+    report = orjson.loads((tmp_path / "fit.json").read_bytes())
+    assert report["interrupted"] is True and report["chosen"] is None
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
