@@ -21,9 +21,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS)
 
-# The edit-run loop: everything but the tests against the real llama.cpp server and the slow ones (markers).
+# The edit-run loop: everything but the tests against the real llama.cpp server and the slow ones (markers), on
+# four workers (pytest-xdist): 39 s here against 90 s in one process, the tests mostly waiting on sockets.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not embedded and not slow and not vllm" -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not embedded and not slow and not vllm" -q -n 4 $(PYTEST_ARGS)
 
 # The opt-in tier against a real vLLM (CPU build, gemma-3-270m): its own environment, 3.7 GB, built once
 # (about 3 minutes with the wheels cached), then the tests (about 4 minutes: vLLM starts twice).

@@ -37,10 +37,11 @@ from mellum_proxy.sections import BudgetSection, PolicySection, Sections, Upstre
 from mellum_proxy.serving import CompletionService, Policies
 from mellum_proxy.serving.reuse import ReuseCache
 from mellum_proxy.telemetry import Telemetry
-from mellum_proxy.upstream import UpstreamClient
 from mellum_proxy.upstream.capabilities import CompletionSource
+from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.failover import Upstreams, failover_answer_s
-from mellum_proxy.upstream.kinds import discover
+from mellum_proxy.upstream.health import answer_problem
+from mellum_proxy.upstream.servers import discover
 
 log = logging.getLogger("mellum_proxy")
 
@@ -195,11 +196,10 @@ async def open_core(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers or None) as session:
         clients = upstream_clients(session, urls, section)
         upstream = clients[0]  # the primary: what discovery asks; the others are its fallbacks
-        upstream.native_ollama = section.kind == "ollama"
         answer_s = failover_answer_s(sections.policies.timeout_s, section.answer_timeout_s)
         pool = Upstreams(clients, answer_s, section.health_interval_s)
         pool.reveal = sections.telemetry.log_content
-        problems = await asyncio.gather(*(client.answer_problem() for client in clients))
+        problems = await asyncio.gather(*(answer_problem(client) for client in clients))
         reachable = [problem is None for problem in problems]
         for member, problem in zip(pool.members, problems, strict=True):
             if problem is not None:

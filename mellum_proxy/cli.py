@@ -122,9 +122,9 @@ def _probe(args: argparse.Namespace) -> None:
 
 
 def _baseline(args: argparse.Namespace) -> None:
-    from mellum_proxy.config import upstream_base_url
     from mellum_proxy.planner.probe import baseline
-    from mellum_proxy.upstream.client import server_problem, unreachable_line
+    from mellum_proxy.upstream.health import server_problem, unreachable_line
+    from mellum_proxy.urls import upstream_base_url
 
     if args.upstream != "embedded":  # a server the user started: it must answer now, not in 120 s
         url = upstream_base_url(args.upstream)

@@ -25,15 +25,8 @@ from pydantic_settings import (
 )
 
 from mellum_proxy.text_checks import has_control
-
-
-def redact_url(url: str) -> str:
-    """`url` as it may be shown (status, errors, logs): credentials in it (`user:password@`) become `***@`."""
-    scheme, sep, rest = url.partition("://")
-    authority, slash, path = rest.partition("/")
-    if not sep or "@" not in authority:
-        return url
-    return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
+from mellum_proxy.upstream.servers import kind_names
+from mellum_proxy.urls import redact_url, upstream_base_url
 
 
 def login_name() -> str:
@@ -76,11 +69,6 @@ def default_log_path() -> Path:
     return state_dir() / "requests.jsonl"
 
 
-def upstream_base_url(url: str) -> str:
-    """A server's base URL as the proxy uses it: no trailing slash, and no trailing `/v1`."""
-    return url.strip().rstrip("/").removesuffix("/v1")
-
-
 class Settings(BaseSettings):
     """Everything `mellum-proxy serve` can be told. Units are in the names."""
 
@@ -101,8 +89,8 @@ class Settings(BaseSettings):
     upstream_model: str | None = Field(
         None, description="Model name sent upstream (default: the one model the upstream lists in /v1/models)."
     )
-    upstream_kind: Literal["auto", "llama.cpp", "vllm", "ollama", "lmstudio", "openai"] = Field(
-        "auto", description="What the upstream is (auto: told apart by what it answers)."
+    upstream_kind: str = Field(
+        "auto", description=f"What the upstream is: auto (told apart by what it answers), {', '.join(kind_names())}."
     )
     upstream_header: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="NAME=VALUE sent on every upstream request (a gateway token, an llm-d objective); repeatable."
@@ -236,6 +224,14 @@ class Settings(BaseSettings):
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8011")
+        return value
+
+    @field_validator("upstream_kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        """A kind the registry (`mellum_proxy.upstream.servers`) has, or `auto`."""
+        if value != "auto" and value not in kind_names():
+            raise ValueError(f"expected auto or one of {', '.join(kind_names())}, got '{value}'")
         return value
 
     @field_validator("tokenizer")

@@ -33,8 +33,9 @@ from mellum_proxy.budget.tokenizers import (
 from mellum_proxy.errors import UpstreamError
 from mellum_proxy.models import NormalizedRequest
 from mellum_proxy.serving import Policies
-from mellum_proxy.upstream import UpstreamClient
-from mellum_proxy.upstream.kinds import Found, discover
+from mellum_proxy.upstream.client import UpstreamClient
+from mellum_proxy.upstream.health import reachable
+from mellum_proxy.upstream.servers import Found, discover, says_slots, slot_count
 
 log = logging.getLogger("mellum_proxy")
 
@@ -201,12 +202,12 @@ class Discovery:
 
     async def _probe(self) -> bool:
         """One round: True when the upstream was ready and everything left open is now known."""
-        if not await self.upstream.reachable():
+        if not await reachable(self.upstream):
             return False
         if self.found is None or self.found.model is None or self.found.context is None:
             self.apply(await discover(self.upstream, self.knobs.upstream_kind))  # again, now that it is ready
         if not self.slots_known:
-            slots = await self.upstream.slot_count()
+            slots = await slot_count(self.upstream)
             if slots is None:
                 return False
             self._use_slots(slots)
@@ -229,8 +230,8 @@ class Discovery:
                       budget.settings.max_context_tokens, budget.configured_context, found.context)  # fmt: skip
         if settings.max_concurrency == 0 and found.slots is not None:
             self._use_slots(found.slots)
-        elif found.kind != "llama.cpp":
-            self.slots_known = True  # only llama.cpp says; the others keep the setting (or 1)
+        elif not says_slots(found.kind):
+            self.slots_known = True  # only some kinds say; the others keep the setting (or 1)
         if found != previous:
             self._say("upstream %s: %s", self.upstream.shown_url, found.describe())
 

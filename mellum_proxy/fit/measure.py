@@ -25,8 +25,8 @@ from mellum_proxy.fit.memory import MemoryWatch
 from mellum_proxy.fit.quality import Quality, spot_check
 from mellum_proxy.planner.logs import parse_log
 from mellum_proxy.planner.profile import Prober, ProfileError, code_text
-from mellum_proxy.upstream import UpstreamClient
-from mellum_proxy.upstream.kinds import discover
+from mellum_proxy.upstream.client import UpstreamClient
+from mellum_proxy.upstream.servers import discover
 
 GIB_IN_MIB = 1024
 ASK_TOKENS = 8  # what each timed request decodes

@@ -11,6 +11,7 @@ import orjson
 from mellum_proxy.config import Settings
 from mellum_proxy.fit.choice import Choice
 from mellum_proxy.fit.measure import Measurement
+from mellum_proxy.upstream.servers import KINDS
 
 GIB = 2**30
 ASKED_TOKENS = 48  # what the deadline leaves room to decode: `serve --embedded`'s max_tokens, a short suggestion
@@ -56,14 +57,10 @@ def config_toml(choice: Choice, embedded: bool, packaged: bool) -> str:
 
 
 def server_flags(choice: Choice) -> list[str]:
-    vllm_kv = "auto" if choice.kv_type in ("f16", "bf16") else choice.kv_type
-    return [f"llama.cpp: llama-server -m {choice.model.name} -c {choice.context * choice.batch} -np {choice.batch} "
-            f"-ctk {choice.kv_type} -ctv {choice.kv_type} -ngl 99",
-            f"vLLM: vllm serve MODEL --max-model-len {choice.context} --max-num-seqs {choice.batch} "
-            f"--kv-cache-dtype {vllm_kv}",
-            f"Ollama: num_ctx {choice.context}, OLLAMA_NUM_PARALLEL={choice.batch}, "
-            f"OLLAMA_KV_CACHE_TYPE={choice.kv_type}",
-            f"stress profile: context {choice.stress_context}, {choice.stress_batch} at once"]  # fmt: skip
+    """Each server kind's flags for the choice (`ServerKind.start_flags`), and the stress profile."""
+    flags = [f"{kind.title}: {kind.start_flags(choice.context, choice.batch, choice.kv_type)}"
+             for kind in KINDS if kind.start_flags is not None]  # fmt: skip
+    return [*flags, f"stress profile: context {choice.stress_context}, {choice.stress_batch} at once"]
 
 
 def as_json(meta: dict[str, Any], measured: list[Measurement], choice: Choice | None, why: str,

@@ -15,7 +15,7 @@ from mellum_proxy.http.connections import ConnectionGuard
 from mellum_proxy.sections import Sections
 from mellum_proxy.serving import CompletionService, Policies
 from mellum_proxy.telemetry import RecentRecords, Telemetry
-from mellum_proxy.upstream import UpstreamClient
+from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from mellum_proxy.upstream.failover import Upstreams
 

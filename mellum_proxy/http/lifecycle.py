@@ -31,11 +31,9 @@ from mellum_proxy.http.keys import (
 )
 from mellum_proxy.policies import AdmissionQueue
 from mellum_proxy.sections import TelemetrySection
-from mellum_proxy.serving import Policies
 from mellum_proxy.telemetry import GpuSampler, JsonlLog, NvmlBackend, ProxyMetrics, Telemetry
 from mellum_proxy.telemetry.deadline_watch import DeadlineWatch
 from mellum_proxy.upstream.embedded import EmbeddedServer, packaged_model
-from mellum_proxy.upstream.failover import Upstreams
 
 log = logging.getLogger("mellum_proxy")
 
@@ -91,6 +89,7 @@ async def telemetry(app: web.Application) -> AsyncIterator[None]:
     watch = DeadlineWatch(round(timeout_s * 1000)) if timeout_s else None
     app[TELEMETRY] = Telemetry(app[RECORDS], gpu, log_file, log_content=section.log_content, recorder=recorder,
                                deadline_watch=watch)  # fmt: skip
+    app[TELEMETRY].metrics = metrics(app)  # built once, before the core: its gauges read the core when scraped
     try:
         yield
     finally:
@@ -112,7 +111,6 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
         assert core.pool is not None
         app[UPSTREAM], app[UPSTREAMS] = core.pool.primary, core.pool
         app[POLICIES], app[PROBES], app[SERVICE] = core.policies, core.discovery, core.service
-        telemetry.metrics = metrics(telemetry, core.policies, core.pool)
 
     url = embedded.url if embedded is not None else None
     model = (embedded.model or packaged_model()) if embedded is not None else None
@@ -120,18 +118,25 @@ async def upstream_client(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-def metrics(telemetry: Telemetry, policies: Policies, pool: Upstreams) -> ProxyMetrics:
+def metrics(app: web.Application) -> ProxyMetrics:
+    """The Prometheus metrics; the gauges read the admission queue and the upstreams the core files in `app` once
+    it is built (zero and none before)."""
+    telemetry = app[TELEMETRY]
     gpu = telemetry.gpu
     assert gpu is not None
+
+    def admission() -> AdmissionQueue | None:
+        return app[POLICIES].admission if POLICIES in app else None
+
     return ProxyMetrics(
-        inflight=lambda: policies.admission.running,
-        queued=lambda: policies.admission.depth,
+        inflight=lambda: queue.running if (queue := admission()) else 0,
+        queued=lambda: queue.depth if (queue := admission()) else 0,
         gpu_used=lambda: gpu.latest.used_bytes if gpu.latest and gpu.source == "nvml" else None,
         gpu_total=lambda: gpu.latest.total_bytes if gpu.latest and gpu.source == "nvml" else None,
         log_errors=lambda: sum(sink.errors for sink in telemetry.sinks()),
         log_dropped=lambda: sum(sink.dropped for sink in telemetry.sinks()),
-        upstreams=pool.status,
-        lanes=lambda: lanes(policies.admission),
+        upstreams=lambda: app[UPSTREAMS].status() if UPSTREAMS in app else [],
+        lanes=lambda: lanes(queue) if (queue := admission()) else {},
     )
 
 

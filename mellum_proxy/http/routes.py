@@ -36,6 +36,7 @@ from mellum_proxy.policies import AdmissionQueue
 from mellum_proxy.telemetry import GpuSampler, RequestRecord
 from mellum_proxy.telemetry.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from mellum_proxy.telemetry.stats import percentile
+from mellum_proxy.upstream.health import reachable as upstream_reachable
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -105,7 +106,7 @@ async def health(request: web.Request) -> web.Response:
     """Ok once the upstream that serves answers and, when it is the primary, everything a completion depends
     on is decided (its template, the embedded server warm): `starting` until then."""
     upstream = request.app[UPSTREAMS].client  # the one serving
-    reachable = await upstream.reachable()
+    reachable = await upstream_reachable(upstream)
     probes = request.app[PROBES]
     starting = upstream is probes.upstream and not probes.ready.is_set()
     status = "unavailable" if not reachable else "starting" if starting else "ok"

@@ -277,9 +277,9 @@ def run_doctor(args: argparse.Namespace) -> None:
 def run_profile(args: argparse.Namespace) -> None:
     import asyncio
 
-    from mellum_proxy.config import upstream_base_url
     from mellum_proxy.planner.profile import ProfileError, profile
-    from mellum_proxy.upstream.client import server_problem, unreachable_line
+    from mellum_proxy.upstream.health import server_problem, unreachable_line
+    from mellum_proxy.urls import upstream_base_url
 
     async def measure() -> Any:
         if args.upstream != "embedded":

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from mellum_proxy.config import upstream_base_url
 from mellum_proxy.telemetry.gpu import MIB, GpuBackend, GpuReading, GpuUnavailableError, NvmlBackend
+from mellum_proxy.urls import upstream_base_url
 
 PROBE_HEADER = ["timestamp", "index", "memory.used [MiB]", "memory.total [MiB]"]
 

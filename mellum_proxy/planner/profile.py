@@ -28,8 +28,8 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from mellum_proxy.planner.server_profile import ServerProfile
-from mellum_proxy.upstream import UpstreamClient
-from mellum_proxy.upstream.kinds import discover
+from mellum_proxy.upstream.client import UpstreamClient
+from mellum_proxy.upstream.servers import discover
 
 LENGTHS = (128, 512, 1024, 2048, 4096)  # prompt tokens asked for, up to half the server's context
 DECODE_TOKENS = 64

@@ -25,7 +25,7 @@ from mellum_proxy.errors import ProxyError, UpstreamStatusError
 from mellum_proxy.models import BudgetedPrompt, Chunk, Completion, NormalizedRequest
 from mellum_proxy.policies import AdmissionQueue, Lease
 from mellum_proxy.upstream.capabilities import CompletionSource, SaysWhatItHolds, SaysWhoServed
-from mellum_proxy.upstream.errors import context_overflow
+from mellum_proxy.upstream.servers import context_overflow
 
 MAX_FLIGHT_BYTES = 1 << 20  # an upstream answer larger than this (128 tokens are ~1 KB) is cut
 KEEP_PREFILL_MAX_S = 2.0  # the longest a timed-out request may go on to finish its prefill
@@ -45,14 +45,14 @@ class Flight:
     completion: Completion
     prompt: BudgetedPrompt | None  # what the upstream is asked; dropped once it ends (reuse keeps the flight)
     batches: list[list[Chunk]] = field(default_factory=list)
-    done: bool = False
+    ended: bool = False  # the upstream request is over (answered, cut or failed)
     error: BaseException | None = None
     listeners: int = 1
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     producer: asyncio.Task[None] | None = None  # the task streaming it from the upstream
     stop_at_first_token: bool = False  # kept only to finish its prefill
     first_text_at: float | None = None
-    finished: bool = False  # the upstream ended it on its own (not cut by a deadline, a cancel or an error)
+    ended_on_its_own: bool = False  # the upstream ended it (not a deadline, a cancel or an error)
     capped: bool = False  # the proxy asked for fewer tokens than the client did
 
     def push(self, batch: list[Chunk]) -> None:
@@ -60,7 +60,7 @@ class Flight:
         self._wake()
 
     def end(self, error: BaseException | None = None) -> None:
-        self.done, self.error = True, error
+        self.ended, self.error = True, error
         self._wake()
 
     def _wake(self) -> None:
@@ -69,12 +69,13 @@ class Flight:
 
     async def wait(self, seen: int) -> None:
         """Return once there are more than `seen` batches, or it has ended."""
-        while not self.done and len(self.batches) <= seen:
+        while not self.ended and len(self.batches) <= seen:
             await self.changed.wait()
 
     @property
-    def ok(self) -> bool:
-        return self.done and self.error is None
+    def ended_clean(self) -> bool:
+        """Over, and without an error."""
+        return self.ended and self.error is None
 
     def token_ends(self) -> list[int]:
         """Where each token of the text ends: the upstream streams a token an event (a server that answered
@@ -88,9 +89,9 @@ class Flight:
         return ends
 
     @property
-    def cut(self) -> bool:
+    def cut_short(self) -> bool:
         """Cut short: by a deadline, a cancel or an error, or by the upstream at the proxy's `max_tokens` cap."""
-        return not self.finished or (self.capped and self.completion.finish_reason == "length")
+        return not self.ended_on_its_own or (self.capped and self.completion.finish_reason == "length")
 
 
 @dataclass(eq=False)
@@ -200,7 +201,7 @@ class Flights:
                         flight.push([Chunk("", finish_reason="length")])
                         break
                 else:
-                    finished = flight.finished = True
+                    finished = flight.ended_on_its_own = True
             if served_by is not None and completion.served_by is None:
                 completion.served_by = served_by(request.id)  # an answer without a chunk
             prompt_tokens = (completion.usage or {}).get("prompt_tokens")

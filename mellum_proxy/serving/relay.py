@@ -97,10 +97,10 @@ class FromStart:
                 return
 
     def over(self, flight: Flight, caught_up: bool) -> bool:
-        return self.cleaned is not None or (flight.done and caught_up)
+        return self.cleaned is not None or (flight.ended and caught_up)
 
     def rest(self, flight: Flight, completion: Completion) -> str:
-        return self.gate.flush() if not flight.cut or completion.finish_reason == "stop" else ""
+        return self.gate.flush() if not flight.cut_short or completion.finish_reason == "stop" else ""
 
 
 class AfterTyped:
@@ -131,12 +131,12 @@ class AfterTyped:
         cleaner = self.cleaner
         if cleaner is not None:
             new = cleaner.feed(new)
-            if flight.done and not flight.cut and cleaner.stopped is None:
+            if flight.ended and not flight.cut_short and cleaner.stopped is None:
                 new += cleaner.finish()
             if cleaner.stopped is not None:
                 self.limited = "stop"
         piece = self.gate.feed(new) if new else ""
-        if (flight.done and not flight.cut) or self.limited:
+        if (flight.ended and not flight.cut_short) or self.limited:
             piece += self.gate.flush()
         if piece:
             if not self.sent:
@@ -145,7 +145,7 @@ class AfterTyped:
             yield [Chunk(piece)]
 
     def over(self, flight: Flight, caught_up: bool) -> bool:
-        return self.diverged or flight.done or self.limited is not None
+        return self.diverged or flight.ended or self.limited is not None
 
     def rest(self, flight: Flight, completion: Completion) -> str:
         return ""  # released as it came

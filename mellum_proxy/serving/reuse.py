@@ -62,7 +62,7 @@ class Hit:
 
     @property
     def final(self) -> bool:
-        return self.entry.flight.ok
+        return self.entry.flight.ended_clean
 
     def rest(self, cut: bool = False) -> str | None:
         """The entry's text after what was typed, or None when it has no more to offer or disagrees. Of a
@@ -104,13 +104,13 @@ class ReuseCache:
             if entry.file_path != file_path or entry.suffix != key:
                 continue
             flight = entry.flight
-            if flight.done and not flight.ok:
+            if flight.ended and not flight.ended_clean:
                 continue
-            typed = typed_through(entry.prefix_tail, prefix, entry.text, not flight.done, entry.prefix_len)
+            typed = typed_through(entry.prefix_tail, prefix, entry.text, not flight.ended, entry.prefix_len)
             if typed is None:
                 continue
             hit = Hit(entry, typed)
-            if not flight.done or hit.rest(cut=flight.cut) is not None:
+            if not flight.ended or hit.rest(cut=flight.cut_short) is not None:
                 return hit
         return None
 

@@ -30,7 +30,7 @@ from mellum_proxy.policies import (
     Ticket,
 )
 from mellum_proxy.serving.flight import Flights
-from mellum_proxy.serving.policy_set import Policies
+from mellum_proxy.serving.policy_set import Policies, admitted
 from mellum_proxy.serving.relay import FromStart, first_text, relay
 from mellum_proxy.serving.typed_through import TypedThrough
 from mellum_proxy.shaping.cleanup import Cleaner
@@ -146,25 +146,20 @@ class CompletionService:
             inside = cursor_in_comment_or_string(request.prefix, request.suffix, request.file_path, request.language)
             if inside:
                 return Outcome.SKIPPED
-        with policies.supersede.admit(request.session) as ticket:
-            deadline = Deadline.start(clock, policies.ttft_timeout_s, policies.timeout_s)
-            ticket.scope.deadline = deadline.first_token
-            with ticket.scope:
-                prompt = await self.budget.apply(request)
-                record.fitted(prompt)
-                completion.truncated = prompt.truncated
-                waits = not policies.admission.has_free_slot()  # else the slot is taken without a wait
-                queued_from = clock.now() if waits else 0.0
-                try:
-                    lease = await policies.admission.acquire(ticket.scope)
-                except QueueFullError:
-                    return Outcome.QUEUE_FULL
-                record.queued((clock.now() - queued_from) * 1000 if waits else 0.0)
-                ticket.running = True
-                await self._stream(request, prompt, answer, completion, record, lease, ticket, deadline)
-            if ticket.scope.cancelled_caught:
-                return Outcome.CANCELLED if ticket.superseded else Outcome.TIMEOUT
-        return Outcome.OK
+        with admitted(policies, request.session) as entry:
+            prompt = await self.budget.apply(request)
+            record.fitted(prompt)
+            completion.truncated = prompt.truncated
+            waits = not policies.admission.has_free_slot()  # else the slot is taken without a wait
+            queued_from = clock.now() if waits else 0.0
+            try:
+                lease = await policies.admission.acquire(entry.ticket.scope)
+            except QueueFullError:
+                return Outcome.QUEUE_FULL
+            record.queued((clock.now() - queued_from) * 1000 if waits else 0.0)
+            entry.ticket.running = True
+            await self._stream(request, prompt, answer, completion, record, lease, entry.ticket, entry.deadline)
+        return entry.cut or Outcome.OK
 
     async def _hold(self, request: NormalizedRequest, record: RequestRecord) -> bool:
         """The dispatch hold; False when a newer request of the session replaced this one meanwhile."""
@@ -211,7 +206,7 @@ class CompletionService:
                 record.cleaned_by(view.cleaned)
         finally:
             timed_out = ticket is not None and ticket.scope.cancel_called and not ticket.superseded
-            ended_early = view.cleaned is not None and not flight.done
+            ended_early = view.cleaned is not None and not flight.ended
             self.flights.leave(flight, timed_out=timed_out and record.ttft_ms is None, drop=ended_early)
             completion.served_by = flight.completion.served_by
         if flight.error is not None and not ended_early:

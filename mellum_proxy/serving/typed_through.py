@@ -6,9 +6,8 @@ session's admission and this request's deadline, as any request is."""
 from __future__ import annotations
 
 from mellum_proxy.models import Answer, Chunk, Completion, NormalizedRequest, Outcome
-from mellum_proxy.policies import Deadline
 from mellum_proxy.serving.flight import Flights
-from mellum_proxy.serving.policy_set import Policies
+from mellum_proxy.serving.policy_set import Policies, admitted
 from mellum_proxy.serving.relay import AfterTyped, first_text, relay
 from mellum_proxy.serving.reuse import Hit, rest_end, tokens_in
 from mellum_proxy.shaping.cleanup import Cleaner
@@ -35,11 +34,11 @@ class TypedThrough:
         completion.upstream_id = source.upstream_id  # whose completion this is the rest of
         completion.context_tokens, completion.max_tokens = source.context_tokens, source.max_tokens
         max_tokens, stops = self._asked(request)
-        if flight.done:
-            rest = hit.rest(cut=flight.cut)
+        if flight.ended:
+            rest = hit.rest(cut=flight.cut_short)
             if rest is None:
                 return None
-            finish: str | None = (source.finish_reason or "stop") if flight.finished else "length"
+            finish: str | None = (source.finish_reason or "stop") if flight.ended_on_its_own else "length"
             end, why = rest_end(flight, len(hit.typed), max_tokens, stops)
             if end is not None and end - len(hit.typed) < len(rest):
                 rest, finish = rest[: end - len(hit.typed)], why
@@ -57,24 +56,21 @@ class TypedThrough:
         flight.listeners += 1
         cleaner = Cleaner(request.prefix, request.suffix) if policies.postprocess else None
         try:
-            with policies.supersede.admit(request.session) as ticket:
-                deadline = Deadline.start(self.clock, policies.ttft_timeout_s, policies.timeout_s)
-                ticket.scope.deadline = deadline.first_token
-                view = AfterTyped(
-                    hit.typed, max_tokens, stops, cleaner, first_text(self.telemetry, record, ticket, deadline)
-                )
-                with ticket.scope:
-                    await relay(flight, view, answer, completion)
-                if cleaner is not None and cleaner.stopped is not None:
-                    record.cleaned_by(cleaner.stopped)
-                if ticket.scope.cancelled_caught:
-                    return Outcome.CANCELLED if ticket.superseded else Outcome.TIMEOUT
+            with admitted(policies, request.session) as entry:
+                shown = first_text(self.telemetry, record, entry.ticket, entry.deadline)
+                view = AfterTyped(hit.typed, max_tokens, stops, cleaner, shown)
+                await relay(flight, view, answer, completion)
+            if cleaner is not None and cleaner.stopped is not None:
+                record.cleaned_by(cleaner.stopped)
+            if entry.cut is not None:
+                return entry.cut
         finally:
             self.flights.leave(flight, drop=cleaner is not None and cleaner.stopped is not None)
         if not view.sent:
             return None
         completion.count_usage(0, tokens_in(flight, len(hit.typed), len(hit.typed) + view.taken))
-        completion.finish_reason = view.limited or ((source.finish_reason or "stop") if flight.finished else "length")
+        ended = (source.finish_reason or "stop") if flight.ended_on_its_own else "length"
+        completion.finish_reason = view.limited or ended
         return Outcome.REUSED
 
     def _asked(self, request: NormalizedRequest) -> tuple[int | None, list[str]]:

@@ -1,6 +1,3 @@
-"""Talking to the model server: `UpstreamClient`, its event-stream reader, the pass-through relay,
-the translation of transport errors, and the embedded llama.cpp server."""
-
-from mellum_proxy.upstream.client import UpstreamClient
-
-__all__ = ["UpstreamClient"]
+"""Talking to the model server: `client.UpstreamClient` (the transport), each kind of server in `servers/`, the
+event-stream reader, the pass-through relay, the translation of transport errors, and the embedded llama.cpp
+server. Nothing is imported here, so the settings can read the kinds without loading the client."""

@@ -5,7 +5,6 @@ The most specific match comes first; the original exception is chained with `fro
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,7 +12,6 @@ import aiohttp
 import orjson
 
 from mellum_proxy.errors import (
-    ProxyError,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamStatusError,
@@ -60,33 +58,3 @@ def status_error(status: int, body: bytes, content_type: str = "") -> UpstreamSt
         elif isinstance(error, str):
             message = error
     return UpstreamStatusError(status, message, str(error_type or "upstream_error"))
-
-
-# How servers say a prompt was over their context (a 400): vLLM (serving_engine.py `_validate_input`), llama.cpp
-# (`exceed_context_size_error`, tools/server), OpenAI-compatible gateways.
-_OVERFLOW = (
-    "maximum context length",
-    "exceed_context_size",
-    "exceeds the available context",
-    "context_length_exceeded",
-)
-_COUNTED = (
-    re.compile(r"\((\d+) in the messages"),  # vLLM: "you requested 2368 tokens (2240 in the messages, ...)"
-    re.compile(r"(\d+) input tokens"),  # vLLM: "your request has 2778 input tokens"
-    re.compile(r"request \((\d+) tokens\)"),  # llama.cpp: "request (4476 tokens) exceeds the available context"
-)
-
-
-def context_overflow(error: ProxyError) -> int | None:
-    """For an upstream 400 that says the prompt did not fit its context: the prompt tokens the server counted
-    (0 when it did not say how many); None for any other error."""
-    if not isinstance(error, UpstreamStatusError) or error.upstream_status != 400:
-        return None
-    text = f"{error.type} {error.message}"
-    if not any(marker in text.lower() for marker in _OVERFLOW):
-        return None
-    for pattern in _COUNTED:
-        found = pattern.search(text)
-        if found:
-            return int(found.group(1))
-    return 0

@@ -37,6 +37,7 @@ from mellum_proxy.errors import (
 from mellum_proxy.models import Batches, BudgetedPrompt, Chunk, NormalizedRequest
 from mellum_proxy.observe import Changes
 from mellum_proxy.upstream.client import UpstreamClient
+from mellum_proxy.upstream.health import answer_problem
 
 log = logging.getLogger("mellum_proxy")
 
@@ -237,7 +238,7 @@ class Upstreams:
 
     async def check(self) -> None:
         """One health check of every member, at once."""
-        problems = await asyncio.gather(*(m.client.answer_problem() for m in self.members))
+        problems = await asyncio.gather(*(answer_problem(m.client) for m in self.members))
         now = asyncio.get_running_loop().time()
         for member, problem in zip(self.members, problems, strict=True):
             if problem is None and now - member.down_at >= self.comeback_s(member):
@@ -271,9 +272,6 @@ class Upstreams:
 
     async def tokenize(self, body: dict[str, Any], timeout_s: float = 5.0) -> Any:
         return await self.client.tokenize(body, timeout_s)
-
-    async def reachable(self, timeout_s: float = 1.0) -> bool:
-        return await self.client.reachable(timeout_s)
 
     async def model_ids(self) -> list[str]:
         return await self.client.model_ids()

@@ -12,6 +12,7 @@ import asyncio
 import aiohttp
 
 from mellum_proxy.upstream.client import UpstreamClient
+from mellum_proxy.upstream.health import answer_problem
 
 LOCAL_SERVERS: tuple[tuple[str, int], ...] = (
     ("vLLM", 8000), ("llama.cpp", 8080), ("llama.cpp", 9931), ("Ollama", 11434), ("LM Studio", 1234),
@@ -25,7 +26,7 @@ async def find_local_server(
     """The base URL of the first of `servers` that answers on `host` (None: none does), and a line saying so."""
     urls = [f"http://{host}:{port}" for _, port in servers]
     async with aiohttp.ClientSession() as session:
-        problems = await asyncio.gather(*(UpstreamClient(session, url).answer_problem(LOOK_S) for url in urls))
+        problems = await asyncio.gather(*(answer_problem(UpstreamClient(session, url), LOOK_S) for url in urls))
     for (name, _), url, problem in zip(servers, urls, problems, strict=True):
         if problem is None:
             return url, f"no --upstream given: a server answers at {url} ({name}'s port); serving from it"

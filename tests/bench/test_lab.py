@@ -109,7 +109,7 @@ def test_a_prompt_over_a_slot_is_the_servers_400_not_a_proxy_defect() -> None:
     from mellum_proxy.bench.runners.lab_parts import EngineSource, Writer
     from mellum_proxy.errors import UpstreamStatusError
     from mellum_proxy.models import BudgetedPrompt, NormalizedRequest
-    from mellum_proxy.upstream.errors import context_overflow
+    from mellum_proxy.upstream.servers import context_overflow
 
     async def run() -> None:
         engine = SimEngine(replace(SLOW, kv_tokens=10))

@@ -19,14 +19,7 @@ async def test_every_round_measures_both_relays_and_the_proxy() -> None:
     assert not default_log_path().exists()  # its proxies log, but never into the user's own request log
     for row in result["rows"]:
         assert row["direct"]["ttft_p50_ms"] > 0
-        for path in (
-            "bare",
-            "parsing",
-            "proxy",
-            "cleaning",
-            "page",
-            "foresight",
-        ):  # page: a proxy with its live page open
+        for path in result["paths"][1:]:  # page: a proxy with its live page open; nginx where installed
             assert set(row[path]) == {"added_ttft_p50_ms", "added_total_p50_ms", "added_ttft_p95_ms",
                                       "cpu_ms_per_request"}  # fmt: skip
     keys = {"added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"}
@@ -34,13 +27,15 @@ async def test_every_round_measures_both_relays_and_the_proxy() -> None:
         "proxy_over_bare",
         "parsing_over_bare",
         "proxy_over_parsing",
+        "proxy_over_nginx",
         "cleaning_over_proxy",
         "page_over_proxy",
         "foresight_over_proxy",
     )
     assert set(result["summary"]) == {f"{ratio}_{key}" for key in keys for ratio in ratios}
     report = render(result, "mellum-proxy bench overhead")
-    assert all(report.count(f"| {path} |") == 2 for path in RELAYS)
+    assert all(report.count(f"| {path} |") == 2 for path in result["paths"][1:])
+    assert set(result["paths"]) >= set(RELAYS) - {"nginx"}  # every path but nginx, which is measured where installed
 
 
 def test_cli_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,3 +66,15 @@ def test_added_latency_is_read_at_the_50th_and_95th_percentiles() -> None:
     assert row["proxy"]["added_ttft_p50_ms"] == pytest.approx(0.49)  # the median, not the 0.5th percentile
     assert row["proxy"]["added_ttft_p95_ms"] == pytest.approx(0.94)
     assert row["proxy"]["added_total_p50_ms"] == pytest.approx(0.5)
+
+
+def test_the_parsing_floor_is_written_without_the_package() -> None:
+    """A floor that used the proxy's own reader would move with the code it judges."""
+    import ast
+
+    from mellum_proxy.bench.doubles import floor_relay
+
+    tree = ast.parse(Path(floor_relay.__file__).read_text())
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert imported and not [name for name in imported if name.startswith("mellum_proxy")]

@@ -13,7 +13,7 @@ import pytest
 from mellum_proxy.bench.runners import ladder
 from mellum_proxy.budget.tokenizers import CountingTokenizer, UpstreamTokenizer, _vocab_byte_lengths, upstream_counter
 from mellum_proxy.http import PROBES, RECORDS
-from mellum_proxy.upstream import UpstreamClient
+from mellum_proxy.upstream.client import UpstreamClient
 from tests.conftest import ProxyFactory
 from tests.fakes import CountingVllm
 
@@ -64,7 +64,7 @@ async def test_vllms_token_strings_give_exact_cuts(aiohttp_server: Any) -> None:
 
     async with aiohttp.ClientSession() as session:
         counter = await upstream_counter(UpstreamClient(session, str(upstream.make_url("")).rstrip("/")))
-        assert isinstance(counter, UpstreamTokenizer) and counter.flavor == "vllm"
+        assert isinstance(counter, UpstreamTokenizer) and counter.shape.name == "vllm"
         text = "def f(x):\n    return x  # ✓ 中\n"
         assert await counter.offsets(text) == list(range(len(text)))  # one token a character, at each one
 

@@ -180,8 +180,8 @@ async def test_what_the_proxy_owns_on_the_server_never_reaches_it(
 async def test_kinds_are_told_apart_by_what_they_answer(aiohttp_server: Any, embedded_server: Any) -> None:
     import aiohttp
 
-    from mellum_proxy.upstream import UpstreamClient
-    from mellum_proxy.upstream.kinds import detect_kind
+    from mellum_proxy.upstream.client import UpstreamClient
+    from mellum_proxy.upstream.servers import detect
 
     def answering(body: Any) -> Any:
         async def handler(request: web.Request) -> web.Response:
@@ -199,8 +199,8 @@ async def test_kinds_are_told_apart_by_what_they_answer(aiohttp_server: Any, emb
     async with aiohttp.ClientSession() as session:
         for kind, app in servers.items():
             server = await aiohttp_server(app)
-            assert await detect_kind(UpstreamClient(session, str(server.make_url("")))) == kind
-        assert await detect_kind(UpstreamClient(session, embedded_server.url)) == "llama.cpp"
+            assert (await detect(UpstreamClient(session, str(server.make_url(""))))).name == kind
+        assert (await detect(UpstreamClient(session, embedded_server.url))).name == "llama.cpp"
 
 
 OLLAMA_MODEL = "mellum:4b"

@@ -45,7 +45,7 @@ def _done(text: str) -> Flight:
     completion = Completion(id="c")
     completion.add(Chunk(text, finish_reason="stop"))
     flight = Flight(completion, PROMPT)
-    flight.finished = True  # the upstream ended it on its own
+    flight.ended_on_its_own = True  # the upstream ended it on its own
     flight.end()
     return flight
 

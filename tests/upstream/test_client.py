@@ -123,10 +123,12 @@ def test_what_vllm_holds_is_read_from_its_own_metrics() -> None:
     from pathlib import Path
 
     from mellum_proxy.upstream.metrics import held_from_metrics
+    from mellum_proxy.upstream.servers import GENERIC, holding_kinds
 
+    gauges = [kind.held_gauges for kind in holding_kinds(GENERIC)]  # every kind's, as before discovery
     text = (Path(__file__).resolve().parents[1] / "fixtures" / "servers" / "vllm-0.32.0-metrics.txt").read_text()
-    assert held_from_metrics(text) == 2
+    assert held_from_metrics(text, gauges) == 2
     two_engines = text + 'vllm:num_requests_waiting{engine="1",model_name="gemma3-270m"} 3.0\n'
-    assert held_from_metrics(two_engines) == 5  # summed over the engines' label sets
-    assert held_from_metrics("# HELP other_metric x\nother_metric 1.0\n") is None  # says neither
-    assert held_from_metrics("<html>not metrics</html>") is None
+    assert held_from_metrics(two_engines, gauges) == 5  # summed over the engines' label sets
+    assert held_from_metrics("# HELP other_metric x\nother_metric 1.0\n", gauges) is None  # says neither
+    assert held_from_metrics("<html>not metrics</html>", gauges) is None

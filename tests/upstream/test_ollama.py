@@ -8,7 +8,7 @@ import pytest
 from mellum_proxy.budget import CharsEstimator
 from mellum_proxy.errors import UpstreamProtocolError, UpstreamStatusError
 from mellum_proxy.models import BudgetedPrompt, NormalizedRequest
-from mellum_proxy.upstream.ollama import (
+from mellum_proxy.upstream.servers.ollama import (
     chunk_from_line,
     context_of,
     generate_payload,

@@ -12,6 +12,7 @@ import pytest
 from mellum_proxy.bench.doubles.fault_upstream import captive_portal
 from mellum_proxy.http import UPSTREAMS
 from mellum_proxy.upstream.client import UpstreamClient
+from mellum_proxy.upstream.health import answer_problem
 from mellum_proxy.upstream.local_servers import find_local_server
 from tests.conftest import ProxyFactory
 
@@ -35,8 +36,8 @@ async def test_a_lone_upstream_that_does_not_answer_is_said_then_said_back(
 async def test_a_refused_connection_and_a_web_page_are_named(aiohttp_server: Any, unused_tcp_port: int) -> None:
     portal = await aiohttp_server(captive_portal())
     async with aiohttp.ClientSession() as session:
-        refused = await UpstreamClient(session, f"http://127.0.0.1:{unused_tcp_port}").answer_problem()
-        page = await UpstreamClient(session, str(portal.make_url("")).rstrip("/")).answer_problem()
+        refused = await answer_problem(UpstreamClient(session, f"http://127.0.0.1:{unused_tcp_port}"))
+        page = await answer_problem(UpstreamClient(session, str(portal.make_url("")).rstrip("/")))
     assert refused is not None and "connection refused" in refused
     assert page == "answered 200 with an HTML page: not a model server?"
 

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from mellum_proxy.http import POLICIES, PROBES, RECORDS
-from mellum_proxy.upstream import UpstreamClient
+from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 from tests.dialects.plugins import FIXTURES, zed
@@ -61,13 +61,11 @@ class Engine:
     async def generated(self) -> float:
         return (await self.metrics())["vllm:generation_tokens_total"]
 
-    async def until(self, held: int, timeout_s: float) -> float:
-        """Poll (vLLM has no event for it) until it holds `held` requests; how long that took."""
-        started = time.monotonic()
-        while await self.held() != held:
-            assert time.monotonic() - started < timeout_s, f"vLLM still holds {await self.held()}, not {held}"
-            await asyncio.sleep(0.02)
-        return time.monotonic() - started
+    async def until(self, held: int, timeout_s: float) -> None:
+        """Poll (vLLM has no event for it) until it holds `held` requests; a hang guard, not a timing."""
+        async with asyncio.timeout(timeout_s):
+            while await self.held() != held:  # noqa: ASYNC110 (no event upstream)
+                await asyncio.sleep(0.02)
 
 
 async def settled(proxy: Any) -> Any:
@@ -140,8 +138,9 @@ async def test_a_superseded_request_is_aborted_by_vllm(make_proxy: ProxyFactory,
     records = proxy.app[RECORDS]
     await records.changes.wait_for(lambda: len(records) == 2, 5)
     assert sorted(str(r.outcome) for r in records) == ["cancelled", "ok"]
-    let_go_s = await engine.until(0, 10)  # the bound is for a busy machine; the time is kept, not asserted
-    keep_figure("superseded_let_go_s", round(let_go_s, 3))
+    started = time.monotonic()
+    await engine.until(0, 10)  # the bound is for a busy machine; the time is kept, not asserted
+    keep_figure("superseded_let_go_s", round(time.monotonic() - started, 3))
     settled = await engine.generated()
     await asyncio.sleep(0.5)  # a window in which a request still running would keep generating
     assert await engine.generated() == settled and settled - generated < 300  # far below the 300 asked for

@@ -46,10 +46,16 @@ class FakeUpstream:
         self.disconnects = 0
         self.sent_tokens = 0
         self._changed = asyncio.Condition()
+        self._closing = asyncio.Event()  # set as the server shuts down: a stalled answer ends then, not at a timeout
 
     def app(self) -> web.Application:
-        return routes({"POST /v1/completions": self._completions, "GET /props": self._props,
-                       "GET /health": self._health})  # fmt: skip
+        app = routes({"POST /v1/completions": self._completions, "GET /props": self._props,
+                      "GET /health": self._health})  # fmt: skip
+        app.on_shutdown.append(self._shut_down)
+        return app
+
+    async def _shut_down(self, app: web.Application) -> None:
+        self._closing.set()
 
     async def wait_until(self, predicate: Any, timeout_s: float = 5.0) -> None:
         """Wait (event-driven) until `predicate(self)` holds; the timeout is only a safety net."""
@@ -99,7 +105,8 @@ class FakeUpstream:
         finish = "length" if asked and n >= asked else "stop"  # it ran to the cap, or ended on its own
         answer = Responder(request, payload, f"fake-{len(self.payloads)}", "fake")
         if self.silent:
-            await asyncio.Event().wait()  # never set: the client gives up first
+            await self._closing.wait()  # the client gives up first
+            return web.Response(status=503)  # read by no one: the server is shutting down
         await answer.start()  # the headers before the first token, as a real server sends them
         if self.first_token_delay_s:
             await asyncio.sleep(self.first_token_delay_s)
@@ -107,7 +114,8 @@ class FakeUpstream:
             await self.gate.wait()
         for i in range(n):
             if i == self.stall_after:
-                await asyncio.Event().wait()  # never set: a server that stalls mid-answer
+                await self._closing.wait()  # a server that stalls mid-answer, until it shuts down
+                return getattr(answer, "response", None) or web.Response(status=503)
             await answer.write(self.pieces[i] if self.pieces is not None else f"t{i} ")
             self.sent_tokens += 1
             if self.token_delay_s:

@@ -41,7 +41,7 @@ from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE
 from mellum_proxy.http import PROBES, RECORDS, UPSTREAM, build_app, serve_app
 from mellum_proxy.models import NormalizedRequest
-from mellum_proxy.upstream import UpstreamClient
+from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.embedded import EmbeddedServer, packaged_model
 
 SIZES = (2_048, 20_480, 204_800, 1_048_576)

@@ -34,7 +34,8 @@ from mellum_proxy.errors import UpstreamError
 from mellum_proxy.planner.probe import host_rss_mib
 from mellum_proxy.telemetry import GpuSampler, NvmlBackend
 from mellum_proxy.telemetry.stats import percentile
-from mellum_proxy.upstream import UpstreamClient
+from mellum_proxy.upstream.client import UpstreamClient
+from mellum_proxy.upstream.servers.openai import served_model
 
 
 def add_commands(commands: Any) -> None:
@@ -76,7 +77,7 @@ async def _run_ladder(args: argparse.Namespace, concurrencies: list[int]) -> Non
             fail(f"--contexts takes numbers or short,mid,long, got '{args.contexts}'")
         async with aiohttp.ClientSession() as session:
             client = UpstreamClient(session, url)
-            model = await client.served_model()
+            model = await served_model(client)
             counter = await upstream_counter(client, model)  # with each token's text, else by count
             if counter is None:
                 fail("the server has no /tokenize to cut prompts to exact token counts with")

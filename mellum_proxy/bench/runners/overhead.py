@@ -1,9 +1,11 @@
 """`mellum-proxy bench overhead`: what the proxy adds to each request, against a bare relay.
 
-Six paths to one fast fake upstream, request by request in turn (in a shuffled order each time, seeded) so that machine
-noise hits all alike:
+The paths to one fast fake upstream, request by request in turn (in a shuffled order each time, seeded) so that
+machine noise hits all alike:
 `direct` (client -> upstream), `bare` (client -> `mellum_proxy.bench.doubles.relays.bare_relay` -> upstream),
-`parsing` (client -> `parsing_relay`, which parses the request and the events and nothing else -> upstream) and
+`parsing` (client -> `mellum_proxy.bench.doubles.floor_relay`, written without anything of the package: it parses
+the request and each event's JSON at each network read and nothing else -> upstream; the independent floor),
+`nginx` (Debian's nginx as a reverse proxy, buffering off, in a process of its own; where it is installed) and
 `proxy` (client -> mellum-proxy with its policies off: debounce 0, no deadline, no reuse, no
 post-processing, the `chars` tokenizer -> upstream); and two more such proxies, so that what each costs a
 request shows against `proxy`: `cleaning`, with post-processing on (the default), `page`, with its live
@@ -35,8 +37,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from mellum_proxy.bench.doubles import nginx as nginx_relay
 from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
-from mellum_proxy.bench.doubles.relays import bare_relay, parsing_relay
+from mellum_proxy.bench.doubles.floor_relay import floor_relay
+from mellum_proxy.bench.doubles.relays import bare_relay
 from mellum_proxy.bench.reporting.writing import command, measured
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE
@@ -54,7 +58,7 @@ def add_commands(commands: Any) -> None:
     overhead.add_argument("--tokens", type=POSITIVE, default=16, help="streamed tokens per request [default: 16]")
 
 
-PATHS = ("direct", "bare", "parsing", "proxy", "cleaning", "page", "foresight")
+PATHS = ("direct", "bare", "parsing", "nginx", "proxy", "cleaning", "page", "foresight")  # nginx where installed
 RELAYS = PATHS[1:]
 TTFT_TARGET, CPU_TARGET = 1.3, 1.5  # the proxy against the relay that only parses
 PROXY_SETTINGS: dict[str, Any] = {  # no hold, no deadline, no reuse (every request goes upstream), no cleaning
@@ -103,9 +107,13 @@ async def _round(
 
 
 async def measure(
-    requests: int = 500, rounds: int = 3, tokens: int = 16, progress: Callable[[str], None] | None = None
+    requests: int = 500,
+    rounds: int = 3,
+    tokens: int = 16,
+    progress: Callable[[str], None] | None = None,
+    nginx: bool = True,
 ) -> dict[str, Any]:
-    """Run the interleaved rounds; returns per-round figures and the ratios proxy / bare."""
+    """Run the interleaved rounds; returns per-round figures and the ratios (`nginx`: with nginx where installed)."""
     fake = FakeUpstream(tokens=tokens, slots=64)
     body = {
         "prompt": "def fibonacci(n):\n    ",
@@ -122,15 +130,17 @@ async def measure(
     try:
         async with serve_app(fake.app()) as upstream, serve_app(bare_relay(upstream)) as bare:
             async with (
-                serve_app(parsing_relay(upstream)) as parsing,
+                serve_app(floor_relay(upstream)) as parsing,
+                _nginx(upstream, nginx) as nginx_url,
                 serve_app(build_app(proxy_settings("proxy"))) as proxy,
                 serve_app(build_app(proxy_settings("cleaning", postprocess=True))) as cleaning,
                 serve_app(page_app := build_app(proxy_settings("page"))) as page,
                 _page_open(page_app, page),
                 serve_app(build_app(proxy_settings("foresight", **FORESIGHT))) as foresight,
             ):
-                urls = {"direct": upstream, "bare": bare, "parsing": parsing, "proxy": proxy, "cleaning": cleaning,
-                        "page": page, "foresight": foresight}  # fmt: skip
+                urls = {"direct": upstream, "bare": bare, "parsing": parsing, "nginx": nginx_url, "proxy": proxy,
+                        "cleaning": cleaning, "page": page, "foresight": foresight}  # fmt: skip
+                urls = {name: url for name, url in urls.items() if url}
                 async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
                     await _round(session, urls, 20, body)  # warm up connections and code paths
                     rows = []
@@ -140,7 +150,18 @@ async def measure(
                             progress(_line(rows[-1]))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {"requests": requests, "rounds": rounds, "tokens": tokens, "rows": rows, "summary": _summary(rows)}
+    return {"requests": requests, "rounds": rounds, "tokens": tokens, "rows": rows, "summary": _summary(rows),
+            "paths": list(urls)}  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def _nginx(upstream: str, wanted: bool) -> AsyncIterator[str]:
+    """nginx's URL in front of `upstream`, or "" where it is not installed (or not wanted)."""
+    if not wanted or nginx_relay.installed() is None:
+        yield ""
+        return
+    async with nginx_relay.nginx_relay(upstream) as url:
+        yield url
 
 
 # A browser's part of an open page, in a process of its own: it reads the event stream and drops it.
@@ -168,6 +189,8 @@ def _row(number: int, measured: dict[str, PathRound], requests: int) -> dict[str
     direct = measured["direct"]
     row: dict[str, Any] = {"round": number + 1}
     for name in RELAYS:
+        if name not in measured:
+            continue
         path = measured[name]
         row[name] = {
             "added_ttft_p50_ms": _added(path, direct, "ttft_ms", 50),
@@ -180,7 +203,7 @@ def _row(number: int, measured: dict[str, PathRound], requests: int) -> dict[str
 
 
 def _ratio(rows: list[dict[str, Any]], key: str, over: str = "bare", path: str = "proxy") -> float | None:
-    ratios = [row[path][key] / row[over][key] for row in rows if row[over][key] > 0]
+    ratios = [row[path][key] / row[over][key] for row in rows if over in row and row[over][key] > 0]
     return median(ratios) if ratios else None
 
 
@@ -189,6 +212,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary = {f"proxy_over_bare_{key}": _ratio(rows, key) for key in keys}
     summary |= {f"parsing_over_bare_{key}": _ratio(rows, key, path="parsing") for key in keys}
     summary |= {f"proxy_over_parsing_{key}": _ratio(rows, key, over="parsing") for key in keys}
+    summary |= {f"proxy_over_nginx_{key}": _ratio(rows, key, over="nginx") for key in keys}
     summary |= {f"cleaning_over_proxy_{key}": _ratio(rows, key, over="proxy", path="cleaning") for key in keys}
     summary |= {f"page_over_proxy_{key}": _ratio(rows, key, over="proxy", path="page") for key in keys}
     summary |= {f"foresight_over_proxy_{key}": _ratio(rows, key, over="proxy", path="foresight") for key in keys}
@@ -199,6 +223,7 @@ def _line(row: dict[str, Any]) -> str:
     cells = ", ".join(
         f"{name} {row[name]['added_ttft_p50_ms']:.2f} ms TTFT / {row[name]['cpu_ms_per_request']:.2f} ms CPU"
         for name in RELAYS
+        if name in row
     )
     return f"round {row['round']}: added {cells}"
 
@@ -216,17 +241,18 @@ def render(result: dict[str, Any], command: str) -> str:
         "|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
-        for name in RELAYS:
+        for name in (name for name in RELAYS if name in row):
             cell = row[name]
             lines.append(
                 f"| {row['round']} | {name} | {cell['added_ttft_p50_ms']:.2f} | {cell['added_ttft_p95_ms']:.2f} | "
                 f"{cell['added_total_p50_ms']:.2f} | {cell['cpu_ms_per_request']:.2f} |"
             )
-    lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare | proxy / parsing | cleaning / proxy "
-              "| page open / proxy | foresight / proxy |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare | proxy / parsing (independent floor) "
+              "| proxy / nginx | cleaning / proxy | page open / proxy | foresight / proxy |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     summary = result["summary"]
-    ratios = ("proxy_over_bare", "parsing_over_bare", "proxy_over_parsing", "cleaning_over_proxy", "page_over_proxy",
-              "foresight_over_proxy")  # fmt: skip
+    ratios = ("proxy_over_bare", "parsing_over_bare", "proxy_over_parsing", "proxy_over_nginx", "cleaning_over_proxy",
+              "page_over_proxy", "foresight_over_proxy")  # fmt: skip
     for key in ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"):
         cells = [summary.get(f"{ratio}_{key}") for ratio in ratios]
         lines.append(f"| {key} | " + " | ".join("-" if v is None else f"{v:.2f}x" for v in cells) + " |")
@@ -235,4 +261,9 @@ def render(result: dict[str, Any], command: str) -> str:
         met = "met" if ttft <= TTFT_TARGET and cpu <= CPU_TARGET else "**not met**"
         lines += ["", f"Target (proxy / parsing: added TTFT p50 <= {TTFT_TARGET}x, CPU <= {CPU_TARGET}x): {met} "
                   f"({ttft:.2f}x, {cpu:.2f}x)."]  # fmt: skip
+    if "nginx" not in result.get("paths", ["nginx"]):
+        lines += ["", "nginx is not installed here, so it was not measured (Debian: `apt install nginx-light`)."]
+    else:
+        lines += ["", "nginx runs in a process of its own, beside this one: its figures carry no share of this "
+                  "process's CPU (its CPU column is this process's, the client's part only)."]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -30,7 +30,8 @@ from mellum_proxy.bench.workloads.editor import Plugin, account
 from mellum_proxy.bench.workloads.trace import Documents, Edit, Event, TraceError, limited, next_typed
 from mellum_proxy.console import POSITIVE, fail, real
 from mellum_proxy.http import POLICIES, RECORDS
-from mellum_proxy.upstream.metrics import llamacpp_metrics
+from mellum_proxy.upstream.metrics import by_name
+from mellum_proxy.upstream.servers.llamacpp import metrics as llamacpp_metrics
 
 
 def add_commands(commands: Any) -> None:
@@ -125,7 +126,8 @@ async def read_metrics(session: aiohttp.ClientSession, url: str) -> dict[str, fl
     """The server's `llamacpp:` metrics now (empty when it has none)."""
     try:
         async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
-            return llamacpp_metrics(await resp.text()) or {}
+            found = by_name(await resp.text())
+            return llamacpp_metrics(found) if found is not None else {}
     except (aiohttp.ClientError, TimeoutError):
         return {}
 

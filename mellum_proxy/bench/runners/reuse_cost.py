@@ -23,7 +23,7 @@ def _done(text: str) -> Flight:
     completion = Completion(id="c")
     completion.add(Chunk(text, finish_reason="stop"))
     flight = Flight(completion, BudgetedPrompt("p", None, 16, (), 1, 1, False, "chars"))
-    flight.finished = True
+    flight.ended_on_its_own = True
     flight.end()
     return flight
 

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
-from mellum_proxy.config import upstream_base_url
 from mellum_proxy.console import fail
-from mellum_proxy.upstream.client import server_problem, unreachable_line
+from mellum_proxy.upstream.health import server_problem, unreachable_line
+from mellum_proxy.urls import upstream_base_url
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,5 @@
-"""Ollama's native `POST /api/generate`, the proxy's way to complete on an Ollama upstream.
+"""Ollama (read against `server/routes.go`): recognised by `/api/version`; completions through its native
+`POST /api/generate`; `OLLAMA_NUM_PARALLEL` requests at once (1 unless set); no `/tokenize`.
 
 Ollama's OpenAI `/v1/completions` wraps every prompt in the model's own template (it has no `raw`),
 which would put the proxy's rendered FIM prompt inside a chat or FIM template a second time; the
@@ -19,8 +20,12 @@ import re
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
+import aiohttp
+
 from mellum_proxy.errors import UpstreamError, UpstreamProtocolError
 from mellum_proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
+from mellum_proxy.upstream.servers.base import Found, ServerKind, Transport
+from mellum_proxy.upstream.servers.openai import drain
 from mellum_proxy.upstream.sse import MAX_EVENT_BYTES, load_event
 
 GENERATE_PATH = "/api/generate"
@@ -137,3 +142,60 @@ def context_of(loaded: dict[str, Any] | None, show: Any) -> int | None:
     if isinstance(parameters, str) and (match := _NUM_CTX.search(parameters)):
         return int(match.group(1))
     return None
+
+
+class GenerateWire:
+    """`/api/generate`, raw; its answer starts only with its first token (so no answer timeout applies)."""
+
+    path = GENERATE_PATH
+    answers_at_once = False
+
+    def body(
+        self, request: NormalizedRequest, prompt: BudgetedPrompt, model: str | None, defaults: dict[str, Any]
+    ) -> dict[str, Any]:
+        return generate_payload(request, prompt, model, defaults)
+
+    async def read(self, resp: aiohttp.ClientResponse) -> AsyncIterator[list[Chunk]]:
+        async for batch in read_ndjson(resp.content.iter_any()):
+            yield batch
+        await drain(resp)
+
+
+async def _get(upstream: Transport, path: str) -> Any:
+    try:
+        return await upstream.get_json(path, timeout_s=1.0)
+    except UpstreamError:
+        return None
+
+
+async def discover(upstream: Transport) -> Found:
+    """The model: the one loaded (`/api/ps`), else the one installed (`/api/tags`); its context from
+    `/api/ps` or `/api/show`, else Ollama's default (it truncates a longer prompt silently)."""
+    loaded = loaded_model(await _get(upstream, "/api/ps"))
+    model = upstream.model
+    if model is None:
+        named = (loaded or {}).get("name") or (loaded or {}).get("model")
+        model = named if isinstance(named, str) and named else listed_model(await _get(upstream, "/api/tags"))
+    if loaded is not None and model not in (loaded.get("name"), loaded.get("model")):
+        loaded = None
+    show = None
+    if model is not None and context_of(loaded, None) is None:
+        try:
+            show = await upstream.post_json("/api/show", {"model": model}, timeout_s=1.0)
+        except UpstreamError:
+            show = None
+    return Found("ollama", model, context_of(loaded, show) or DEFAULT_CONTEXT, None)
+
+
+def start_flags(context: int, batch: int, kv_type: str) -> str:
+    return f"num_ctx {context}, OLLAMA_NUM_PARALLEL={batch}, OLLAMA_KV_CACHE_TYPE={kv_type}, OLLAMA_FLASH_ATTENTION=1"
+
+
+OLLAMA = ServerKind(
+    name="ollama",
+    title="Ollama",
+    discover=discover,
+    wire=GenerateWire(),
+    probe=("/api/version", lambda answer: isinstance(answer, dict) and "version" in answer),
+    start_flags=start_flags,
+)

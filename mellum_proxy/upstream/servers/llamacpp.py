@@ -1,0 +1,108 @@
+"""llama.cpp's `llama-server` (read against `tools/server/server.cpp`): `/props` with `total_slots` and
+`default_generation_settings.n_ctx` (the context of one slot, its `-c` split over `-np`), `/slots`, `/metrics`
+(with `--metrics`), `/tokenize` with each token's piece. It finishes a prefill it has started and keeps a queued
+task until it would start; a client that leaves stops its decoding."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mellum_proxy.errors import UpstreamError, UpstreamProtocolError
+from mellum_proxy.upstream.servers.base import Found, Overflow, ServerKind, TokenizeShape, Transport
+from mellum_proxy.upstream.servers.openai import CompletionsWire, listed_context, positive, served_model
+
+PREFIX = "llamacpp:"
+# `/metrics` names (server-http metrics): what it runs and what waits for a slot; what each decode step carried
+PROCESSING, DEFERRED = "llamacpp:requests_processing", "llamacpp:requests_deferred"
+BUSY_SLOTS_PER_DECODE = "llamacpp:n_busy_slots_per_decode"
+PROMPT_TOKENS, PREDICTED_TOKENS = "llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total"
+
+
+def is_llamacpp(props: Any) -> bool:
+    return isinstance(props, dict) and ("total_slots" in props or "default_generation_settings" in props)
+
+
+async def count_slots(upstream: Transport) -> int | None:
+    """Its parallel slots (`/props` `total_slots`, or the length of `/slots`), if it says."""
+    for path in ("/props", "/slots"):
+        try:
+            body = await upstream.get_json(path)
+        except Exception:  # any failure just means "cannot tell"; the caller falls back to 1
+            continue
+        if isinstance(body, dict) and isinstance(body.get("total_slots"), int):
+            return int(body["total_slots"])
+        if isinstance(body, list) and body:
+            return len(body)
+    return None
+
+
+async def slot_context(upstream: Transport) -> int | None:
+    """The most tokens one request may hold: `/props` `default_generation_settings.n_ctx`, else `/v1/models`."""
+    try:
+        props = await upstream.get_json("/props")
+        settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+        n_ctx = positive(settings.get("n_ctx")) if isinstance(settings, dict) else None
+        if n_ctx:
+            return n_ctx
+    except UpstreamError:
+        pass
+    return await listed_context(upstream)
+
+
+async def discover(upstream: Transport) -> Found:
+    return Found("llama.cpp", await served_model(upstream), await slot_context(upstream), await count_slots(upstream))
+
+
+def metrics(samples: dict[str, float]) -> dict[str, float]:
+    """Its `/metrics` samples by name without the `llamacpp:` prefix (`requests_processing`, ...)."""
+    return {name.removeprefix(PREFIX): value for name, value in samples.items() if name.startswith(PREFIX)}
+
+
+def _tokens(answer: Any) -> list[dict[str, Any]]:
+    tokens = answer.get("tokens") if isinstance(answer, dict) else None
+    if not isinstance(tokens, list):
+        raise UpstreamProtocolError("upstream /tokenize answered without a token list")
+    return [t if isinstance(t, dict) else {"id": t} for t in tokens]
+
+
+def _body(text: str, special: bool, pieces: bool, model: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"content": text, "add_special": special}
+    if pieces:
+        body["with_pieces"] = True
+    return body
+
+
+def _pieces(answer: Any, text: str) -> list[Any] | None:
+    """Each token's text: a string, or its bytes as a list where it is not whole UTF-8."""
+    pieces = [token.get("piece") for token in _tokens(answer)]
+    return pieces if all(isinstance(piece, str | list) for piece in pieces) else None
+
+
+def _ids(answer: Any) -> list[int]:
+    return [t["id"] for t in _tokens(answer) if isinstance(t.get("id"), int)]
+
+
+TOKENIZE = TokenizeShape("llama.cpp", _body, _pieces, _ids)
+
+
+def start_flags(context: int, batch: int, kv_type: str) -> str:
+    return f"llama-server -c {context * batch} -np {batch} -ctk {kv_type} -ctv {kv_type} -ngl 99 --metrics"
+
+
+LLAMACPP = ServerKind(
+    name="llama.cpp",
+    title="llama.cpp",
+    discover=discover,
+    wire=CompletionsWire(),
+    probe=("/props", is_llamacpp),
+    held_gauges=(PROCESSING, DEFERRED),
+    holds_in_slots=True,
+    count_slots=count_slots,
+    tokenize=TOKENIZE,
+    # `exceed_context_size_error`: "request (4476 tokens) exceeds the available context size (4096 tokens)"
+    overflow=Overflow(
+        ("exceed_context_size", "exceeds the available context"), (re.compile(r"request \((\d+) tokens\)"),)
+    ),
+    start_flags=start_flags,
+)

@@ -1,0 +1,48 @@
+"""LM Studio (read against lmstudio-ai/docs `1_developer/2_rest/list.md`): `/v1/models` entries `owned_by:
+"organization_owner"` list every downloaded model; `/api/v1/models` says which are loaded, each with its
+`loaded_instances[].config.context_length`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mellum_proxy.errors import UpstreamError
+from mellum_proxy.upstream.servers.base import Found, ServerKind, Transport
+from mellum_proxy.upstream.servers.openai import CompletionsWire, listed_context, positive, served_model
+
+
+def is_lmstudio(models: Any) -> bool:
+    data = models.get("data") if isinstance(models, dict) else None
+    owners = {m.get("owned_by") for m in data if isinstance(m, dict)} if isinstance(data, list) else set()
+    return "organization_owner" in owners
+
+
+async def discover(upstream: Transport) -> Found:
+    """The model: the one LLM loaded (`/api/v1/models`), with its loaded context; else the one `/v1/models` lists."""
+    try:
+        listing = await upstream.get_json("/api/v1/models", timeout_s=1.0)
+    except UpstreamError:
+        listing = None
+    models = listing.get("models") if isinstance(listing, dict) else None
+    loaded = [
+        (str(instance.get("id") or entry.get("key")), instance.get("config") or {})
+        for entry in (models if isinstance(models, list) else [])
+        if isinstance(entry, dict) and entry.get("type", "llm") == "llm"
+        for instance in entry.get("loaded_instances") or []
+        if isinstance(instance, dict)
+    ]
+    model = upstream.model
+    if model is None:
+        model = loaded[0][0] if len(loaded) == 1 else await served_model(upstream)
+    config = next((config for name, config in loaded if name == model), {})
+    context = positive(config.get("context_length")) if isinstance(config, dict) else None
+    return Found("lmstudio", model, context or await listed_context(upstream), None)
+
+
+LMSTUDIO = ServerKind(
+    name="lmstudio",
+    title="LM Studio",
+    discover=discover,
+    wire=CompletionsWire(),
+    probe=("/v1/models", is_lmstudio),
+)

@@ -1,0 +1,70 @@
+"""vLLM (read against `vllm/entrypoints/openai/api_server.py`): `/v1/models` entries `owned_by: "vllm"` with
+`max_model_len`; no `/props`: it batches up to `--max-num-seqs` and aborts a request whose client goes away.
+`/metrics` counts what it runs and what waits; `/tokenize` takes `prompt` (`TokenizeCompletionRequest`) and gives
+the vocabulary's token strings when asked (`return_token_strs`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mellum_proxy.upstream.servers.base import Found, Overflow, ServerKind, TokenizeShape, Transport
+from mellum_proxy.upstream.servers.openai import CompletionsWire, listed_context, served_model
+
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+PROMPT_TOKENS, GENERATION_TOKENS = "vllm:prompt_tokens_total", "vllm:generation_tokens_total"
+DEFAULT_SLOTS = 4  # it batches: a few sessions can run together when it does not say how many
+
+
+def is_vllm(models: Any) -> bool:
+    data = models.get("data") if isinstance(models, dict) else None
+    return isinstance(data, list) and any(isinstance(m, dict) and m.get("owned_by") == "vllm" for m in data)
+
+
+async def discover(upstream: Transport) -> Found:
+    return Found("vllm", await served_model(upstream), await listed_context(upstream), DEFAULT_SLOTS)
+
+
+def _body(text: str, special: bool, pieces: bool, model: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": text, "add_special_tokens": special}
+    if pieces:
+        body["return_token_strs"] = True
+    if model:
+        body["model"] = model
+    return body
+
+
+def _ids(answer: Any) -> list[int]:
+    tokens = answer.get("tokens") if isinstance(answer, dict) else None
+    return [t for t in tokens if isinstance(t, int)] if isinstance(tokens, list) else []
+
+
+def _pieces(answer: Any, text: str) -> list[Any] | None:
+    strings = answer.get("token_strs") if isinstance(answer, dict) else None
+    return strings if isinstance(strings, list) else None
+
+
+TOKENIZE = TokenizeShape("vllm", _body, _pieces, _ids, vocabulary=True)
+
+
+def start_flags(context: int, batch: int, kv_type: str) -> str:
+    cache = "auto" if kv_type in ("f16", "bf16") else kv_type
+    return f"vllm serve MODEL --max-model-len {context} --max-num-seqs {batch} --kv-cache-dtype {cache}"
+
+
+VLLM = ServerKind(
+    name="vllm",
+    title="vLLM",
+    discover=discover,
+    wire=CompletionsWire(),
+    probe=("/v1/models", is_vllm),
+    held_gauges=(RUNNING, WAITING),
+    default_slots=DEFAULT_SLOTS,
+    tokenize=TOKENIZE,
+    # serving_engine.py `_validate_input`: "... maximum context length is 2048 tokens. However, you requested 2368
+    # tokens (2240 in the messages, 128 in the completion)", or "your request has 2778 input tokens"
+    overflow=Overflow(
+        ("maximum context length",), (re.compile(r"\((\d+) in the messages"), re.compile(r"(\d+) input tokens"))
+    ),
+    start_flags=start_flags,
+)
