@@ -3,7 +3,7 @@
 `open_core` is the one way a proxy starts and stops its core: the upstream session, the clients in failover
 order, discovery and its tasks, the service; `serve`, `serve_app` and so the tests and the bench enter it
 through the HTTP edge (`mellum_proxy.http.lifecycle`). The policy lab (`mellum_proxy.bench.runners.lab`) runs
-the core on a simulated server in virtual time, built from the same parts: `build_policies`, `budget_settings`
+the core on a simulated server in virtual time, built from the same parts: `build_policies`, `BudgetSettings.of`
 and `build_core`. Nothing here knows HTTP servers.
 """
 
@@ -25,12 +25,11 @@ from mellum_proxy.budget import (
     ContextBudget,
     TokenCounter,
     UpstreamTokenizer,
-    template_for,
 )
 from mellum_proxy.budget.local import load_local
 from mellum_proxy.budget.tokenizers import Tokenize, upstream_counter
 from mellum_proxy.clock import LOOP_CLOCK, Clock
-from mellum_proxy.discovery import Discovery, DiscoveryKnobs
+from mellum_proxy.discovery import Discovery
 from mellum_proxy.errors import UpstreamError
 from mellum_proxy.policies import AdmissionQueue, Debouncer, Dispatch, Foresight, PauseModel, Supersede
 from mellum_proxy.sections import BudgetSection, PolicySection, Sections, UpstreamSection
@@ -76,17 +75,6 @@ def build_policies(section: PolicySection, slots: int | None = None, clock: Cloc
     )
 
 
-def budget_settings(section: BudgetSection) -> BudgetSettings:
-    return BudgetSettings(
-        max_context_tokens=section.max_context_tokens,
-        max_tokens=section.max_tokens,
-        prefix_ratio=section.prefix_ratio,
-        step_lines=section.step_lines,
-        template=template_for(section.fim_template),
-        stops=("\n\n",) if section.stop_at_blank_line else (),
-    )
-
-
 async def build_counter(section: BudgetSection, upstream: Tokenize, model: str | None = None) -> TokenCounter:
     """The tokenizer to start with. `auto`: the upstream's /tokenize when it answers (with each token's text,
     else a count), else the calibrated character estimate; `Discovery` may find an exact local one later."""
@@ -106,16 +94,6 @@ async def build_counter(section: BudgetSection, upstream: Tokenize, model: str |
 def upstream_clients(session: aiohttp.ClientSession, urls: list[str], section: UpstreamSection) -> list[UpstreamClient]:
     """One client per upstream URL, each configured from the section."""
     return [UpstreamClient(session, url, section) for url in urls]
-
-
-def discovery_knobs(sections: Sections) -> DiscoveryKnobs:
-    return DiscoveryKnobs(
-        upstream_kind=sections.upstream.kind,
-        upstream_model=sections.upstream.model,
-        max_concurrency=sections.policies.max_concurrency,
-        tokenizer=sections.budget.tokenizer,
-        fim_template_chosen=sections.budget.fim_template_chosen,
-    )
 
 
 @dataclass(slots=True)
@@ -143,7 +121,7 @@ def build_core(
     service = build_service(sections, source, counter, telemetry, slots)
     policies, budget = service.policies, service.budget
     known = sections.policies.max_concurrency != 0 or slots is not None
-    discovery = Discovery(discovery_knobs(sections), primary, policies, budget, embedded_model, known, tokenize)
+    discovery = Discovery(sections.discovery, primary, policies, budget, embedded_model, known, tokenize)
     return Core(policies, budget, service, discovery)
 
 
@@ -153,7 +131,7 @@ def build_service(
     """The completion service over `source` with the policies and the budget the sections say: what a proxy
     runs (`build_core`), and what the policy lab runs on its simulated server."""
     policies = build_policies(sections.policies, slots, telemetry.clock)
-    budget = ContextBudget(budget_settings(sections.budget), counter)
+    budget = ContextBudget(BudgetSettings.of(sections.budget), counter)
     return CompletionService(source, policies, budget, telemetry)
 
 

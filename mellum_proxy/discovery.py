@@ -32,23 +32,13 @@ from mellum_proxy.budget.tokenizers import (
 )
 from mellum_proxy.errors import UpstreamError
 from mellum_proxy.models import NormalizedRequest
+from mellum_proxy.sections import DiscoverySection
 from mellum_proxy.serving import Policies
 from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.health import reachable
 from mellum_proxy.upstream.servers import Found, discover, says_slots, slot_count
 
 log = logging.getLogger("mellum_proxy")
-
-
-@dataclass(frozen=True, slots=True)
-class DiscoveryKnobs:
-    """What the settings say about the upstream, for discovery."""
-
-    upstream_kind: str = "auto"
-    upstream_model: str | None = None
-    max_concurrency: int = 0  # 0: the upstream's slots
-    tokenizer: str = "auto"
-    fim_template_chosen: bool = False
 
 
 RETRY_S = (0.25, 0.5, 1.0, 2.0)  # between health checks while the upstream is not ready (then every 2 s)
@@ -80,13 +70,13 @@ class Discovery:
 
     Args:
         upstream: the primary upstream (what is asked until it is ready).
-        knobs: what the settings say of it: `upstream_kind`, `upstream_model`, `max_concurrency`,
+        section: what the settings say of it (`DiscoverySection`): `upstream_kind`, `upstream_model`, `max_concurrency`,
             `tokenizer`, whether `fim_template` was chosen.
     """
 
     def __init__(
         self,
-        knobs: DiscoveryKnobs,
+        section: DiscoverySection,
         upstream: UpstreamClient,
         policies: Policies,
         budget: ContextBudget,
@@ -94,7 +84,7 @@ class Discovery:
         slots_known: bool = True,
         tokenize: Tokenize | None = None,
     ) -> None:
-        self.knobs = knobs
+        self.section = section
         self.upstream = upstream
         self.tokenize = tokenize or upstream  # whose /tokenize counts: the one serving (`Upstreams`)
         self.counters: dict[str, TokenCounter] = {}  # by upstream URL, once found: taken back when it serves again
@@ -116,7 +106,7 @@ class Discovery:
             await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
             attempt += 1
         await self.prepare()
-        if self.knobs.tokenizer == "auto" and self.upstream.base_url not in self.counters:
+        if self.section.tokenizer == "auto" and self.upstream.base_url not in self.counters:
             model = self.embedded_model or await served_model_path(self.upstream)
             if model is not None and needs_building(model):
                 await build_aside(model)  # in a process of its own: read from the next start on
@@ -129,7 +119,7 @@ class Discovery:
         proxy answers, not after."""
         if self.ready.is_set():
             return
-        if self.knobs.tokenizer == "auto":
+        if self.section.tokenizer == "auto":
             counter = self.budget.counter
             server = counter if isinstance(counter, UpstreamTokenizer | CountingTokenizer) else None
             server = server or await upstream_counter(self.tokenize, self.upstream.model)
@@ -189,7 +179,7 @@ class Discovery:
         self.template_decided = True
         if known is template:
             self.template_why = "the model has its markers as tokens"
-        elif self.knobs.fim_template_chosen:
+        elif self.section.fim_template_chosen:
             log.warning("FIM template %s: the model has no token for its markers %s; it will read them as text",
                         template.name, ", ".join(template.markers))  # fmt: skip
             self.template_why = "set; the model has no token for its markers"
@@ -205,13 +195,13 @@ class Discovery:
         if not await reachable(self.upstream):
             return False
         if self.found is None or self.found.model is None or self.found.context is None:
-            self.apply(await discover(self.upstream, self.knobs.upstream_kind))  # again, now that it is ready
+            self.apply(await discover(self.upstream, self.section.upstream_kind))  # again, now that it is ready
         if not self.slots_known:
             slots = await slot_count(self.upstream)
             if slots is None:
                 return False
             self._use_slots(slots)
-        if self.knobs.tokenizer == "auto" and isinstance(self.budget.counter, CharsEstimator):
+        if self.section.tokenizer == "auto" and isinstance(self.budget.counter, CharsEstimator):
             tokenizer = await upstream_counter(self.tokenize, self.upstream.model)
             if tokenizer is None:
                 return True  # ready, but without a /tokenize: `chars` stays
@@ -221,7 +211,7 @@ class Discovery:
     def apply(self, found: Found) -> None:
         """Use what discovery found: the model to name, the context to fit, the slots to fill."""
         previous, self.found = self.found, found
-        settings = self.knobs
+        settings = self.section
         if settings.upstream_model is None and found.model is not None and self.upstream.model != found.model:
             self.upstream.model = found.model
         if self.budget.fit(found.context):
@@ -239,16 +229,16 @@ class Discovery:
         """Serve from `client` now (a failover, or the first one back): its model, its context per request,
         its slots and its tokenizer, not the primary's (a fallback once ran at the primary's concurrency of
         1 for good)."""
-        kind = self.knobs.upstream_kind if client is self.upstream else "auto"
+        kind = self.section.upstream_kind if client is self.upstream else "auto"
         found = await discover(client, kind)
-        if self.knobs.upstream_model is None and found.model is not None:
+        if self.section.upstream_model is None and found.model is not None:
             client.model = found.model
         self.budget.fit(found.context)
-        if self.knobs.max_concurrency == 0:
+        if self.section.max_concurrency == 0:
             slots = found.slots or 1
             if slots != self.policies.admission.limit:
                 self.policies.admission.resize(slots)
-        if self.knobs.tokenizer == "auto":
+        if self.section.tokenizer == "auto":
             counter = self.counters.get(client.base_url) or await upstream_counter(self.tokenize, client.model)
             self.budget.use(counter or CharsEstimator())
             if counter is not None:

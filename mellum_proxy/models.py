@@ -140,26 +140,43 @@ def _event_text(raw: bytes) -> str:
 
 
 @dataclass(slots=True)
+class Origin:
+    """What is known of the upstream request a completion comes from. Born in its flight (the task that streams
+    it) and shared, not copied, with every request it answers: its own, one that took it over, a typed-through
+    keystroke answered from it."""
+
+    model: str = ""
+    created: int = 0
+    upstream_id: str | None = None  # the upstream's own id for it, if it gave one
+    served_by: str | None = None  # which upstream answered (of several; `mellum_proxy.upstream.failover`)
+    context_tokens: int = 0  # the context per request it was fitted to (llama.cpp's `n_ctx`)
+    max_tokens: int = 0  # the most tokens it may generate (llama.cpp's `n_predict`)
+
+
+@dataclass(slots=True)
 class Completion:
-    """What the upstream produced for one request so far (aggregated from chunks).
+    """What the upstream produced for one request so far (aggregated from chunks), and its `origin`.
 
     `text` is joined from the chunks when asked for, so unparsed chunks stay unparsed until then.
     """
 
     id: str
-    model: str = ""
-    created: int = 0
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     chunks: int = 0
     truncated: bool = False  # the context budget cut the prompt
-    upstream_id: str | None = None  # the upstream's own id for it, if it gave one
-    served_by: str | None = None  # which upstream answered (of several; `mellum_proxy.upstream.failover`)
-    context_tokens: int = 0  # the context per request this completion was fitted to (llama.cpp's `n_ctx`)
-    max_tokens: int = 0  # the most tokens it may generate (llama.cpp's `n_predict`)
     text_chunks: int = 0  # chunks that carried text: the tokens generated (servers stream a token an event)
+    origin: Origin = field(default_factory=Origin)
     _pieces: list[Chunk] = field(default_factory=list, repr=False)
+
+    # The origin's facts, read where the completion is encoded and recorded.
+    model = property(lambda self: self.origin.model)
+    created = property(lambda self: self.origin.created)
+    upstream_id = property(lambda self: self.origin.upstream_id)
+    served_by = property(lambda self: self.origin.served_by)
+    context_tokens = property(lambda self: self.origin.context_tokens)
+    max_tokens = property(lambda self: self.origin.max_tokens)
 
     @property
     def text(self) -> str:
@@ -197,12 +214,13 @@ class Completion:
             self.usage = chunk.usage
         if chunk.timings is not None:
             self.timings = chunk.timings
-        if not self.model and chunk.model:
-            self.model = chunk.model
-        if not self.created and chunk.created:
-            self.created = chunk.created
-        if self.upstream_id is None:
-            self.upstream_id = chunk.upstream_id
+        origin = self.origin
+        if not origin.model and chunk.model:
+            origin.model = chunk.model
+        if not origin.created and chunk.created:
+            origin.created = chunk.created
+        if origin.upstream_id is None:
+            origin.upstream_id = chunk.upstream_id
 
 
 @dataclass(frozen=True, slots=True)

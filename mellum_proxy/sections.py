@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mellum_proxy.budget.templates import FimTemplate, template_for
 from mellum_proxy.config import Settings
 
 T = TypeVar("T")
@@ -137,6 +138,8 @@ class BudgetSection:
     # the user set it (kept even when the model does not know its markers)
     fim_template_chosen: bool = field(metadata=derived(lambda s: "fim_template" in s.model_fields_set))
     stop_at_blank_line: bool
+    template: FimTemplate | None = field(metadata=derived(lambda s: template_for(s.fim_template)))  # None: "none"
+    stops: tuple[str, ...] = field(metadata=derived(lambda s: ("\n\n",) if s.stop_at_blank_line else ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,17 @@ class TelemetrySection:
 
 
 @dataclass(frozen=True, slots=True)
+class DiscoverySection:
+    """What the settings say about the upstream, for discovery: what it may find out and what it must keep."""
+
+    upstream_kind: str
+    upstream_model: str | None
+    max_concurrency: int  # 0: the upstream's slots
+    tokenizer: str
+    fim_template_chosen: bool = field(metadata=derived(lambda s: "fim_template" in s.model_fields_set))
+
+
+@dataclass(frozen=True, slots=True)
 class Sections:
     listen: ListenSection
     upstream: UpstreamSection
@@ -158,6 +172,7 @@ class Sections:
     policies: PolicySection
     budget: BudgetSection
     telemetry: TelemetrySection
+    discovery: DiscoverySection
 
 
 def sections(settings: Settings) -> Sections:
@@ -167,6 +182,7 @@ def sections(settings: Settings) -> Sections:
         upstream=_build(UpstreamSection, settings),
         embedded=_build(EmbeddedSection, settings),
         policies=_build(PolicySection, settings),
+        discovery=_build(DiscoverySection, settings),
         budget=_build(BudgetSection, settings),
         telemetry=_build(TelemetrySection, settings),
     )

@@ -53,6 +53,11 @@ class BudgetSettings:
     template: FimTemplate | None = None  # None: send prompt and suffix as fields ("none")
     stops: tuple[str, ...] = ()  # ends every completion besides the template's own (a blank line: `stop_at_blank_line`)
 
+    @classmethod
+    def of(cls, section: object) -> BudgetSettings:
+        """From the budget's section, each field from the one of its name (no mapping to keep in step)."""
+        return cls(**{spec.name: getattr(section, spec.name) for spec in dataclasses.fields(cls)})
+
 
 class ContextBudget:
     def __init__(self, settings: BudgetSettings, counter: TokenCounter) -> None:

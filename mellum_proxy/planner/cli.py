@@ -99,6 +99,7 @@ def add_commands(commands: Any) -> None:
     prof = commands.add_parser("profile", help="measure a completion server: prefill, decode, slots, disconnects")
     prof.add_argument("--upstream", required=True, help="server base URL, or 'embedded' to start one and measure it")
     prof.add_argument("--name", help="the profile's name [default: kind:model]")
+    prof.add_argument("--model", type=Path, help="with --upstream embedded: serve this GGUF [default: gemma-3-270m]")
     prof.add_argument("--out", type=Path, default=Path("profile.json"), help="JSON output [default: profile.json]")
     doctor = commands.add_parser("doctor", help="which knob to move first, from a request log")
     doctor.add_argument("log", type=Path, nargs="?", help="the proxy's request log [default: the one serve writes]")
@@ -290,10 +291,12 @@ def run_profile(args: argparse.Namespace) -> None:
             return await profile(url, args.name, print)
         from mellum_proxy.upstream.embedded import EmbeddedServer
 
-        server = EmbeddedServer(ctx_tokens=4096, slots=2)  # as `bench ... --upstream embedded` starts it
+        server = EmbeddedServer(args.model, ctx_tokens=4096 if args.model is None else 8192, slots=2)  # as the
+        # bench starts it: `--upstream embedded`, or `--upstream fast` for the fast model
         url = await asyncio.to_thread(server.start)
         try:
-            name = args.name or "embedded llama.cpp (gemma-3-270m Q4_K_M, 2 slots, CPU)"
+            served = "gemma-3-270m Q4_K_M" if args.model is None else args.model.name
+            name = args.name or f"embedded llama.cpp ({served}, 2 slots, CPU)"
             return await profile(url, name, print, shown_as="embedded")
         finally:
             await asyncio.to_thread(server.stop)

@@ -115,8 +115,8 @@ class Flights:
 
     def start(self, request: NormalizedRequest, prompt: BudgetedPrompt, completion: Completion, lease: Lease) -> Flight:
         """The upstream request for `prompt`, streaming in a task of its own that owns `lease`."""
-        relayed = Completion(id=completion.id, truncated=completion.truncated,
-                             context_tokens=prompt.context_tokens, max_tokens=prompt.max_tokens)  # fmt: skip
+        relayed = Completion(id=completion.id, truncated=completion.truncated, origin=completion.origin)
+        relayed.origin.context_tokens, relayed.origin.max_tokens = prompt.context_tokens, prompt.max_tokens
         flight = Flight(relayed, prompt)
         flight.capped = request.max_tokens is None or prompt.max_tokens < request.max_tokens
         flight.producer = self._own(self._produce(request, flight, lease))
@@ -184,7 +184,7 @@ class Flights:
             async with aclosing(self._upstream_batches(request, flight)) as batches:
                 async for whole in batches:
                     if served_by is not None and completion.served_by is None:
-                        completion.served_by = served_by(request.id)
+                        completion.origin.served_by = served_by(request.id)
                     batch, over = _within(whole, MAX_FLIGHT_BYTES - size)
                     size += sum(_size(chunk) for chunk in batch)
                     has_text = False
@@ -203,7 +203,7 @@ class Flights:
                 else:
                     finished = flight.ended_on_its_own = True
             if served_by is not None and completion.served_by is None:
-                completion.served_by = served_by(request.id)  # an answer without a chunk
+                completion.origin.served_by = served_by(request.id)  # an answer without a chunk
             prompt_tokens = (completion.usage or {}).get("prompt_tokens")
             if finished and isinstance(prompt_tokens, int) and flight.prompt is not None:
                 self.budget.observe(flight.prompt.prompt, prompt_tokens)  # calibrates the `chars` estimate

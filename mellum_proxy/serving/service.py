@@ -192,7 +192,6 @@ class CompletionService:
     ) -> None:
         """Start the upstream request in its own task (it owns `lease`) and relay it to `answer`."""
         record.sent()
-        completion.context_tokens, completion.max_tokens = prompt.context_tokens, prompt.max_tokens
         flight = self.flights.start(request, prompt, completion, lease)
         if self.policies.reuse is not None and not request.warm_up:
             self.policies.reuse.remember(request, flight)
@@ -208,7 +207,6 @@ class CompletionService:
             timed_out = ticket is not None and ticket.scope.cancel_called and not ticket.superseded
             ended_early = view.cleaned is not None and not flight.ended
             self.flights.leave(flight, timed_out=timed_out and record.ttft_ms is None, drop=ended_early)
-            completion.served_by = flight.completion.served_by
         if flight.error is not None and not ended_early:
             raise flight.error
         record.answered()

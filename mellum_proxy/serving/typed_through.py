@@ -5,6 +5,8 @@ session's admission and this request's deadline, as any request is."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from mellum_proxy.models import Answer, Chunk, Completion, NormalizedRequest, Outcome
 from mellum_proxy.serving.flight import Flights
 from mellum_proxy.serving.policy_set import Policies, admitted
@@ -30,9 +32,8 @@ class TypedThrough:
         policies = self.policies
         flight = hit.entry.flight
         source = flight.completion
-        completion.model, completion.created = source.model, source.created
-        completion.upstream_id = source.upstream_id  # whose completion this is the rest of
-        completion.context_tokens, completion.max_tokens = source.context_tokens, source.max_tokens
+        # whose completion this is the rest of; not an upstream answer of its own, so served by none
+        completion.origin = dataclasses.replace(source.origin, served_by=None)
         max_tokens, stops = self._asked(request)
         if flight.ended:
             rest = hit.rest(cut=flight.cut_short)

@@ -11,19 +11,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 
 from mellum_proxy.errors import UpstreamProtocolError
 from mellum_proxy.models import Batches, BudgetedPrompt, NormalizedRequest
-from mellum_proxy.sections import UpstreamSection
 from mellum_proxy.upstream.errors import status_error, translate_errors
 from mellum_proxy.upstream.holding import Holding
 from mellum_proxy.upstream.servers import GENERIC, ServerKind, kind_named
 from mellum_proxy.upstream.servers.openai import model_ids
 from mellum_proxy.urls import redact_url
+
+if TYPE_CHECKING:  # the section is only read: the client loads no settings (nor the budget the settings name)
+    from mellum_proxy.sections import UpstreamSection
 
 _JSON = {"Content-Type": "application/json"}
 # Completions ahead of everything else where the upstream schedules by priority (vLLM `--scheduling-policy
@@ -52,8 +54,7 @@ class UpstreamClient:
         # The longest a completion's answer may take to start (its status and headers): a server that sends them
         # before its prefill and stays silent this long is down. None: no limit but the request's deadline.
         self.answer_timeout_s = s.answer_timeout_s if s else None
-        # headers that put completions ahead (llm-d's SLO), on each of them
-        self.lane_hints = {SLO_TTFT_HEADER: str(s.slo_ttft_ms)} if s and s.slo_ttft_ms is not None else {}
+        self.lane_hints = {SLO_TTFT_HEADER: str(s.slo_ttft_ms)} if s and s.slo_ttft_ms is not None else {}  # llm-d
         self.holding = Holding(self)
 
     def routing(self, request: NormalizedRequest | None = None) -> dict[str, str]:

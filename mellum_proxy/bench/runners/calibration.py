@@ -42,6 +42,8 @@ def add_commands(commands: Any) -> None:
     calibrate.add_argument("--runs", type=POSITIVE, default=1,
                            help="real replays of each policy, taking turns; the lab is held to their median "
                                 "[default: 1]")  # fmt: skip
+    calibrate.add_argument("--upstream", default="embedded",
+                           help="the real server: embedded, fast (the fast model), a URL")  # fmt: skip
     calibrate.add_argument("--accuracy", type=SHARE, default=0.0,
                            help="the simulated model's (gemma is not a FIM model) [default: 0]")  # fmt: skip
 
@@ -54,7 +56,7 @@ def _calibrate(args: argparse.Namespace) -> None:
         fail(str(exc))
 
     async def run() -> dict[str, Any]:
-        async with upstream_for("embedded") as (url, described):
+        async with upstream_for(args.upstream) as (url, described):
             return await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy, spec=spec,
                                  runs=args.runs)  # fmt: skip
 

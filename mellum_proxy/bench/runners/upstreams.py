@@ -15,8 +15,21 @@ from mellum_proxy.urls import upstream_base_url
 
 @contextlib.asynccontextmanager
 async def upstream_for(spec: str) -> AsyncIterator[tuple[str, str]]:
-    """(URL, description) of the upstream: a URL, `embedded`, or `sim[:PROFILE]`."""
-    if spec == "embedded":
+    """(URL, description) of the upstream: a URL, `embedded`, `fast` (the embedded llama.cpp on the fast model,
+    `mellum_proxy.bench.doubles.fast_model`), or `sim[:PROFILE]`."""
+    if spec == "fast":
+        from mellum_proxy.bench.doubles.fast_model import FastShape, fast_model
+        from mellum_proxy.upstream.embedded import EmbeddedServer
+
+        shape = FastShape()
+        model = await asyncio.to_thread(fast_model, shape)  # built once into the cache (about 13 s)
+        server = EmbeddedServer(model, ctx_tokens=8192, slots=2)
+        url = await asyncio.to_thread(server.start)
+        try:
+            yield url, f"embedded llama.cpp on the fast model ({shape.name}, random weights, 2 slots x 4096, CPU)"
+        finally:
+            await asyncio.to_thread(server.stop)
+    elif spec == "embedded":
         from mellum_proxy.upstream.embedded import EmbeddedServer
 
         server = EmbeddedServer(ctx_tokens=4096, slots=2)

@@ -1,0 +1,47 @@
+"""The fast model: a real llama.cpp server on random weights with gemma-3's vocabulary, written by
+`bench fast-model`; the embedded server loads it, tokenizes as gemma-3 does, and completes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from mellum_proxy.bench.doubles.fast_model import FastShape, write_fast_model
+from mellum_proxy.cli import main
+from mellum_proxy.upstream.embedded import EmbeddedServer
+
+pytestmark = [pytest.mark.embedded, pytest.mark.slow]
+
+
+def test_the_fast_model_tokenizes_as_gemma_and_completes(tmp_path: Path, embedded_server: Any) -> None:
+    model = tmp_path / "fast.gguf"
+    write_fast_model(model, FastShape(hidden=32, layers=1, heads=2, kv_heads=1, ffn=64))
+    server = EmbeddedServer(model, ctx_tokens=1024, slots=2)
+    url = server.start()
+
+    async def ask(base: str, path: str, body: dict[str, Any]) -> Any:
+        async with aiohttp.ClientSession() as session, session.post(base + path, json=body) as resp:
+            assert resp.status == 200
+            return await resp.json()
+
+    async def check() -> None:
+        text = {"content": "def add(a, b):\n    return a + b  # ✓"}
+        assert await ask(url, "/tokenize", text) == await ask(embedded_server.url, "/tokenize", text)
+        answer = await ask(url, "/v1/completions", {"prompt": "x = ", "max_tokens": 8, "temperature": 0})
+        assert answer["usage"]["completion_tokens"] >= 1  # noise, but llama.cpp's own decoding and scheduling
+
+    try:
+        asyncio.run(check())
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("argv", [["--hidden", "30", "--heads", "4"], ["--heads", "4", "--kv-heads", "3"]])
+def test_a_shape_llama_cannot_split_is_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["bench", "fast-model", "--out", "x.gguf", *argv])
+    assert stopped.value.code == 2 and capsys.readouterr().err.count("\n") == 1
