@@ -6,7 +6,8 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,3 +61,14 @@ def real(minimum: float = 0.0, maximum: float = math.inf, above: bool = False) -
 POSITIVE = whole(1)
 INDEX = whole(0)  # a device index, a seed
 SHARE = real(0.0, 1.0)
+
+
+def command(
+    commands: Any, name: str, help: str, run: Callable[[argparse.Namespace], None], out: str | None = None
+) -> argparse.ArgumentParser:
+    """A command's parser, run by `run`; with `out`, an `--out` folder that defaults to `bench-out/OUT`."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
+    if out is not None:
+        parser.add_argument("--out", type=Path, default=Path("bench-out") / out)
+    parser.set_defaults(run=run)
+    return parser

@@ -10,19 +10,17 @@ import orjson
 
 from mellum_proxy.bench.reporting.results import PolicyResult
 from mellum_proxy.bench.reporting.writing import command_line
-from mellum_proxy.console import fail
+from mellum_proxy.console import command, fail
 
 
 def add_commands(commands: Any) -> None:
-    merged = commands.add_parser(
-        "report",
-        help="one report from the policies of several results.json files "
-        "(a later file's policy replaces a same-named one)",
+    about = (
+        "one report from the policies of several results.json files (a later file's policy replaces a same-named one)"
     )
+    merged = command(commands, "report", about, _report)
     merged.add_argument("results", nargs="+", type=Path)
     merged.add_argument("--out", type=Path, required=True)
     merged.add_argument("--only", help="comma-separated policy names to keep [default: all]")
-    merged.set_defaults(run=_report)
 
 
 def _report(args: argparse.Namespace) -> None:

@@ -1,5 +1,5 @@
 """What every bench command shares to show its result: the command line as a reader would retype it,
-`NAME.json` and `NAME.md` written together, and a progress bar."""
+`NAME.json` and `NAME.md` written together, and a progress bar. (Its parser comes from `console.command`.)"""
 
 from __future__ import annotations
 
@@ -57,17 +57,6 @@ def progress_bar(name: str, total: int) -> Callable[[int, int], None] | None:
             bar.close()
 
     return update
-
-
-def command(
-    commands: Any, name: str, help: str, run: Callable[[argparse.Namespace], None], out: str | None = None
-) -> argparse.ArgumentParser:
-    """A bench command's parser, run by `run`; with `out`, an `--out` folder that defaults to `bench-out/OUT`."""
-    parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
-    if out is not None:
-        parser.add_argument("--out", type=Path, default=Path("bench-out") / out)
-    parser.set_defaults(run=run)
-    return parser
 
 
 def measured(

@@ -33,12 +33,12 @@ import orjson
 from aiohttp import web
 
 from mellum_proxy.bench.doubles.responder import Responder, answering, routes
-from mellum_proxy.bench.reporting.writing import command, measured
+from mellum_proxy.bench.reporting.writing import measured
 from mellum_proxy.bench.workloads.corpus import code_texts
 from mellum_proxy.budget import BUILTIN, BudgetSettings, ContextBudget, UpstreamTokenizer
 from mellum_proxy.budget.local import load_local
 from mellum_proxy.config import Settings
-from mellum_proxy.console import POSITIVE
+from mellum_proxy.console import POSITIVE, command
 from mellum_proxy.http import PROBES, RECORDS, UPSTREAM, build_app, serve_app
 from mellum_proxy.models import NormalizedRequest
 from mellum_proxy.upstream.client import UpstreamClient

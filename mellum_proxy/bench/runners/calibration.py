@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from mellum_proxy.bench.doubles.sim import profile
-from mellum_proxy.bench.reporting.writing import command, write_report
+from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.lab import run_lab
 from mellum_proxy.bench.runners.policy import Policy
 from mellum_proxy.bench.runners.replay import run_policy
 from mellum_proxy.bench.runners.upstreams import upstream_for
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.trace import Event, TraceError, limited
-from mellum_proxy.console import POSITIVE, SHARE, fail
+from mellum_proxy.console import POSITIVE, SHARE, command, fail
 from mellum_proxy.planner.server_profile import ServerProfile
 
 

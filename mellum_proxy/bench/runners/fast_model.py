@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mellum_proxy.bench.doubles.fast_model import FastShape, write_fast_model
-from mellum_proxy.bench.reporting.writing import command
-from mellum_proxy.console import INDEX, POSITIVE, fail
+from mellum_proxy.console import INDEX, POSITIVE, command, fail
 
 
 def add_commands(commands: Any) -> None:

@@ -26,7 +26,7 @@ from mellum_proxy.bench.doubles.sim import profile
 from mellum_proxy.bench.doubles.sim_engine import SimEngine
 from mellum_proxy.bench.reporting import lab_report
 from mellum_proxy.bench.reporting.results import LabResult, Seen
-from mellum_proxy.bench.reporting.writing import command, write_report
+from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.lab_parts import EngineSource, LabEditor, Writer
 from mellum_proxy.bench.runners.playback import Clock, gaps_after, pause_starts, play
 from mellum_proxy.bench.runners.policy import Policy, parse_policy
@@ -37,7 +37,7 @@ from mellum_proxy.bench.workloads.synth import TYPISTS, synthesize
 from mellum_proxy.bench.workloads.trace import Event, Trace, TraceError, limited, next_typed
 from mellum_proxy.budget import CharsEstimator
 from mellum_proxy.config import Settings
-from mellum_proxy.console import POSITIVE, SHARE, fail
+from mellum_proxy.console import POSITIVE, SHARE, command, fail
 from mellum_proxy.models import Outcome
 from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.sections import sections

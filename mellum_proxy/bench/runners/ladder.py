@@ -24,12 +24,12 @@ from typing import Any
 import aiohttp
 import orjson
 
-from mellum_proxy.bench.reporting.writing import command, command_line
+from mellum_proxy.bench.reporting.writing import command_line
 from mellum_proxy.bench.runners.policy import add_proxy_options, chosen_policy, proxy_for
 from mellum_proxy.bench.runners.upstreams import context_limit, upstream_for
 from mellum_proxy.bench.workloads.corpus import code_texts
 from mellum_proxy.budget.tokenizers import TokenCounter, upstream_counter
-from mellum_proxy.console import INDEX, POSITIVE, fail
+from mellum_proxy.console import INDEX, POSITIVE, command, fail
 from mellum_proxy.errors import UpstreamError
 from mellum_proxy.planner.probe import host_rss_mib
 from mellum_proxy.telemetry import GpuSampler, NvmlBackend

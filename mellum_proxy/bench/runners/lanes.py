@@ -24,10 +24,10 @@ import aiohttp
 import orjson
 
 from mellum_proxy.bench.doubles.sim import SimServer, profile
-from mellum_proxy.bench.reporting.writing import command, write_report
+from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.upstreams import upstream_for
 from mellum_proxy.config import Settings
-from mellum_proxy.console import POSITIVE, fail
+from mellum_proxy.console import POSITIVE, command, fail
 from mellum_proxy.http import build_app, serve_app
 from mellum_proxy.telemetry.stats import percentile
 

@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 
 from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
-from mellum_proxy.bench.reporting.writing import command, write_report
+from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.processes import free_port, rss_mib, wait_healthy
-from mellum_proxy.console import POSITIVE, fail
+from mellum_proxy.console import POSITIVE, command, fail
 from mellum_proxy.http import serve_app
 
 

@@ -41,9 +41,9 @@ from mellum_proxy.bench.doubles import nginx as nginx_relay
 from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.bench.doubles.floor_relay import floor_relay
 from mellum_proxy.bench.doubles.relays import bare_relay
-from mellum_proxy.bench.reporting.writing import command, measured
+from mellum_proxy.bench.reporting.writing import measured
 from mellum_proxy.config import Settings
-from mellum_proxy.console import POSITIVE
+from mellum_proxy.console import POSITIVE, command
 from mellum_proxy.http import RECORDS, build_app, serve_app
 from mellum_proxy.http.page import PAGES
 from mellum_proxy.telemetry.stats import percentile

@@ -19,13 +19,13 @@ from typing import Any
 
 import orjson
 
-from mellum_proxy.bench.reporting.writing import command, write_report
+from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.lab import MAX_GAP_MS, default_traces
 from mellum_proxy.bench.runners.playback import gaps_after, schedule
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.editor import window
 from mellum_proxy.bench.workloads.trace import Documents, Edit, Event, Trace, TraceError, limited
-from mellum_proxy.console import POSITIVE, SHARE, fail
+from mellum_proxy.console import POSITIVE, SHARE, command, fail
 from mellum_proxy.policies.pause_model import FEATURES, MIN_PAUSES, PAUSE_S, PauseModel, Prior, probability
 
 L2 = 1.0

@@ -23,12 +23,12 @@ from typing import Any
 import aiohttp
 import orjson
 
-from mellum_proxy.bench.reporting.writing import command, command_line, progress_bar
+from mellum_proxy.bench.reporting.writing import command_line, progress_bar
 from mellum_proxy.bench.runners.policy import add_proxy_options, chosen_policy, proxy_for
 from mellum_proxy.bench.runners.replay import read_metrics, wait_idle
 from mellum_proxy.bench.runners.upstreams import upstream_for
 from mellum_proxy.budget.templates import FimParts, template_for
-from mellum_proxy.console import POSITIVE, fail
+from mellum_proxy.console import POSITIVE, command, fail
 
 
 def add_commands(commands: Any) -> None:

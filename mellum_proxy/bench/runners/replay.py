@@ -28,14 +28,14 @@ from mellum_proxy.bench.runners.upstreams import upstream_for
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.editor import Plugin, account
 from mellum_proxy.bench.workloads.trace import Documents, Edit, Event, TraceError, limited, next_typed
-from mellum_proxy.console import POSITIVE, fail, real
+from mellum_proxy.console import POSITIVE, command, fail, real
 from mellum_proxy.http import POLICIES, RECORDS
 from mellum_proxy.upstream.metrics import by_name
 from mellum_proxy.upstream.servers.llamacpp import metrics as llamacpp_metrics
 
 
 def add_commands(commands: Any) -> None:
-    replay = commands.add_parser("replay", help="replay traces under several policies against one upstream")
+    replay = command(commands, "replay", "replay traces under several policies against one upstream", _replay)
     replay.add_argument("traces", nargs="+", type=Path)
     replay.add_argument("--upstream", required=True, help="URL, 'embedded', or 'sim[:PROFILE]' (embedded-cpu, fast)")
     replay.add_argument(
@@ -52,7 +52,6 @@ def add_commands(commands: Any) -> None:
     replay.add_argument("--developers", type=POSITIVE, default=1,
                         help="replay the traces at once as this many developers, each with its own proxy "
                              "(trace i for developer i, round robin) [default: 1: one after another]")  # fmt: skip
-    replay.set_defaults(run=_replay)
 
 
 def _replay(args: argparse.Namespace) -> None:

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from mellum_proxy.bench.reporting.results import Phase
 from mellum_proxy.bench.reporting.team_report import developers_markdown, failover_times, failures, team_report
-from mellum_proxy.bench.reporting.writing import command, command_line
+from mellum_proxy.bench.reporting.writing import command_line
 from mellum_proxy.bench.runners.playback import schedule
 from mellum_proxy.bench.runners.policy import Policy, parse_policy
 from mellum_proxy.bench.runners.processes import free_port
@@ -39,7 +39,7 @@ from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.corpus import CODE_DIR, shipped_traces
 from mellum_proxy.bench.workloads.synth import synthesize_file
 from mellum_proxy.bench.workloads.trace import Event, TraceError, limited
-from mellum_proxy.console import POSITIVE, fail
+from mellum_proxy.console import POSITIVE, command, fail
 
 log = logging.getLogger("mellum_proxy.bench")
 

@@ -28,14 +28,13 @@ from mellum_proxy.bench.doubles.sim import profile
 from mellum_proxy.bench.reporting import lab_report
 from mellum_proxy.bench.reporting.lab_report import meets_targets, requests_floor
 from mellum_proxy.bench.reporting.results import LabResult
-from mellum_proxy.bench.reporting.writing import command
 from mellum_proxy.bench.runners.lab import FIXED, GRID_AXES, MAX_GAP_MS, ORACLE, grid, run_lab
 from mellum_proxy.bench.runners.playback import gaps_after
 from mellum_proxy.bench.runners.policy import Policy
 from mellum_proxy.bench.workloads.convert import from_recording, load_trace
 from mellum_proxy.bench.workloads.trace import Event, Trace, TraceError, limited
 from mellum_proxy.config import Settings
-from mellum_proxy.console import POSITIVE, fail
+from mellum_proxy.console import POSITIVE, command, fail
 from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.telemetry.stats import log_to_read
 

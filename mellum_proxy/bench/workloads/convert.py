@@ -33,15 +33,15 @@ from mellum_proxy.bench.workloads.trace import (
     read_trace,
     write_trace,
 )
-from mellum_proxy.console import fail
+from mellum_proxy.console import command, fail
 
 
 def add_commands(commands: Any) -> None:
-    convert = commands.add_parser("convert", help="josephg editing-traces, ProgSnap2 CSV or a proxy recording -> trace")
+    about = "josephg editing-traces, ProgSnap2 CSV or a proxy recording -> trace"
+    convert = command(commands, "convert", about, _convert)
     convert.add_argument("source", type=Path)
     convert.add_argument("--from", dest="kind", choices=["josephg", "progsnap2", "recording"], required=True)
     convert.add_argument("--out", type=Path, required=True)
-    convert.set_defaults(run=_convert)
 
 
 def _convert(args: argparse.Namespace) -> None:

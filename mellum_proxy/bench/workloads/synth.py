@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mellum_proxy.bench.workloads.trace import FORMAT, Edit, Event, Open, Trace, write_trace
-from mellum_proxy.console import INDEX, POSITIVE, fail
+from mellum_proxy.console import INDEX, POSITIVE, command, fail
 
 MEDIAN_GAP_MS = 200.0
 TYPISTS = {"slow": 550.0, "medium": MEDIAN_GAP_MS, "fast": 120.0}  # median inter-key gap, ms
@@ -28,14 +28,13 @@ PAUSE_MEDIAN_MS = 1500.0
 
 
 def add_commands(commands: Any) -> None:
-    synth = commands.add_parser("synth", help="a seeded synthetic trace typing a source file")
+    synth = command(commands, "synth", "a seeded synthetic trace typing a source file", _synth)
     synth.add_argument("source", type=Path)
     synth.add_argument("--out", type=Path, required=True)
     synth.add_argument("--seed", type=INDEX, default=0)
     synth.add_argument("--limit-chars", type=POSITIVE)
     synth.add_argument("--typist", choices=["slow", "medium", "fast"], default="medium",
                        help="median gap between keys: 550, 200 or 120 ms [default: medium]")  # fmt: skip
-    synth.set_defaults(run=_synth)
 
 
 def _synth(args: argparse.Namespace) -> None:
