@@ -18,15 +18,10 @@ from mellum_proxy.fit.measure import FitOptions, Measurement, measure
 from mellum_proxy.fit.memory import MemoryWatch
 from mellum_proxy.fit.quality import Quality, from_file, humaneval
 from mellum_proxy.fit.report import as_json, config_toml, plot, render
+from mellum_proxy.planner.cli import _ints
 from mellum_proxy.planner.inspect import InspectError, ModelInfo, inspect_path
 from mellum_proxy.planner.kvcache import KV_BYTES
 from mellum_proxy.planner.sweep import BACKEND_OVERHEAD_GIB, SweepSpec
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    from mellum_proxy.planner.cli import _ints as ints
-
-    return ints(text)
 
 
 def _kv_types(text: str) -> tuple[str, ...]:
@@ -202,18 +197,13 @@ def _server_name(args: argparse.Namespace, infos: list[ModelInfo]) -> str:
     return f"`{args.server_cmd}`, {files}"
 
 
-def _command_line() -> str:
-    """The command as a reader would retype it, the home directory written `~` (no user's own paths)."""
-    home = str(Path.home())
-    words = ["~" + w[len(home) :] if w == home or w.startswith(home + "/") else w for w in sys.argv[1:]]
-    return "mellum-proxy " + " ".join(w if w.startswith("~/") else shlex.quote(w) for w in words)
-
-
 def _write(args: argparse.Namespace, spec: SweepSpec, measured: list[Measurement], choice: Choice | None,
            because: str, floor: float | None, interrupted: bool, server: str) -> None:  # fmt: skip
+    from mellum_proxy.bench.reporting.writing import command_line  # the bench loads only when a command runs
+
     overhead = spec.overhead_gib if spec.overhead_gib is not None else BACKEND_OVERHEAD_GIB[spec.backend]
-    meta = {"command": _command_line(), "server": server, "gpu_gib": spec.gpu_gib, "margin": spec.margin,
-            "context": spec.business_context, "interrupted": interrupted,
+    meta = {"command": command_line("mellum-proxy", skip=1), "server": server, "gpu_gib": spec.gpu_gib,
+            "margin": spec.margin, "context": spec.business_context, "interrupted": interrupted,
             "paper_note": f"Paper: `sweep` with the {spec.backend} overhead ({overhead:g} GiB)."}  # fmt: skip
     report = as_json(meta, measured, choice, because, floor)
     try:

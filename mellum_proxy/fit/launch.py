@@ -16,12 +16,10 @@ import shlex
 import signal
 import socket
 import sys
-import time
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from mellum_proxy.fit.candidates import Candidate
+from mellum_proxy.planner.probe import wait_healthy
 
 LOG_LIMIT = 4 * 2**20  # the start-up log and what follows; a server that talks more keeps its first 4 MiB
 OOM = re.compile(r"(?i)out of memory|failed to allocate|cannot allocate|CUDA error: out|OutOfMemory|\bOOM\b")
@@ -124,15 +122,17 @@ async def _collect(process: asyncio.subprocess.Process, output: bytearray) -> No
 
 
 async def _healthy(running: Running, timeout_s: float) -> None:
-    """Poll the server's `/health` (the process is someone else's: there is no event to wait on)."""
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-        while running.process.returncode is None and time.monotonic() < deadline:
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(running.url + "/health") as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.25)
+    """Until the server's `/health` answers 200 (`planner.probe.wait_healthy`), or its process exits first."""
+    healthy = asyncio.create_task(wait_healthy(running.url, timeout_s))
+    exited = asyncio.create_task(running.process.wait())
+    try:
+        await asyncio.wait({healthy, exited}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (healthy, exited):
+            task.cancel()
+        await asyncio.gather(healthy, exited, return_exceptions=True)
+    if healthy.done() and not healthy.cancelled() and healthy.exception() is None:
+        return
     if running.process.returncode is None:
         raise LoadFailed("load_timeout", f"no healthy answer within {timeout_s:.0f} s", running.log)
     if running.reader is not None:

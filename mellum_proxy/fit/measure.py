@@ -19,6 +19,8 @@ from typing import Any
 
 import aiohttp
 
+from mellum_proxy.budget.tokenizers import CountingTokenizer, UpstreamTokenizer, upstream_counter
+from mellum_proxy.errors import UpstreamError
 from mellum_proxy.fit.candidates import Candidate
 from mellum_proxy.fit.launch import OOM, LoadFailed, Running, free_port, start
 from mellum_proxy.fit.memory import MemoryWatch
@@ -29,6 +31,7 @@ from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.servers import discover
 
 GIB_IN_MIB = 1024
+Counter = UpstreamTokenizer | CountingTokenizer
 ASK_TOKENS = 8  # what each timed request decodes
 DECODE_TOKENS = 32
 
@@ -130,7 +133,9 @@ async def _exercise(result: Measurement, server: Running, watch: MemoryWatch, op
     candidate = result.candidate
     connector = aiohttp.TCPConnector(force_close=True)  # llama.cpp closes a connection after a streamed answer
     async with aiohttp.ClientSession(connector=connector) as session:
-        found = await discover(UpstreamClient(session, server.url))
+        client = UpstreamClient(session, server.url)
+        found = await discover(client)
+        counter = await upstream_counter(client, found.model)  # the server's own /tokenize, in its kind's shape
         probe = Prober(session, server.url, found.model)
         await asyncio.sleep(options.idle_s)  # the idle period being measured
         _read(result, watch, "after idle", server, f"{options.idle_s:g} s idle")
@@ -140,7 +145,7 @@ async def _exercise(result: Measurement, server: Running, watch: MemoryWatch, op
         for phase, chars in phases:
             try:
                 async with asyncio.timeout(options.request_timeout_s):
-                    ttft, tokens = await _at_once(probe, code, candidate, chars, chars_per_token)
+                    ttft, tokens = await _at_once(probe, code, candidate, chars, chars_per_token, counter)
             except TimeoutError:
                 result.fail("timeout", f"{phase} prompt: no answer within {options.request_timeout_s:.0f} s")
                 return
@@ -159,17 +164,17 @@ async def _exercise(result: Measurement, server: Running, watch: MemoryWatch, op
         if len(times) > 2 and times[-1] > times[0]:
             result.decode_tps = (len(times) - 1) / (times[-1] - times[0])
         if options.quality is not None:
-            result.quality = await spot_check(session, server.url, found.model, options.quality)
+            result.quality = await spot_check(session, server.url, found.model, options.quality, counter)
             say(f"  quality: {result.quality['exact']} of {result.quality['tasks']} exact")
 
 
-async def _at_once(probe: Prober, code: str, candidate: Candidate, chars: int | None,
-                   chars_per_token: float) -> tuple[float, int | None]:  # fmt: skip
+async def _at_once(probe: Prober, code: str, candidate: Candidate, chars: int | None, chars_per_token: float,
+                   counter: Counter | None) -> tuple[float, int | None]:  # fmt: skip
     """The median first-token time of `batch` requests at once, and their prompt tokens. `chars` None: a
     near-limit prompt (the context less what is asked), cut by a tenth while the server says it is too long."""
     target = int((candidate.context - ASK_TOKENS - 8) * chars_per_token) if chars is None else chars
-    if chars is None:  # sized by the server's own tokenizer where it has one
-        target = await _sized(probe, code, candidate.context - ASK_TOKENS - 8, target)
+    if chars is None and counter is not None:  # sized by the server's own tokenizer where it has one
+        target = await _sized(counter, code, candidate.context - ASK_TOKENS - 8, target)
     for _ in range(4):
         prompts = [f"# {secrets.token_hex(8)}\n" + code[:target] for _ in range(candidate.batch)]
         try:
@@ -184,26 +189,17 @@ async def _at_once(probe: Prober, code: str, candidate: Candidate, chars: int | 
     raise ProfileError("the server refused every near-limit prompt as too long")
 
 
-async def _sized(probe: Prober, code: str, goal: int, guess: int) -> int:
-    """Characters of `code` that make about `goal` tokens (a nonce line before them), by `/tokenize`."""
+async def _sized(counter: Counter, code: str, goal: int, guess: int) -> int:
+    """Characters of `code` that make about `goal` tokens (a nonce line before them), counted by the server."""
     for _ in range(3):
-        tokens = await _count(probe, code[:guess])
-        if tokens is None or goal * 0.97 <= tokens + 16 <= goal:
+        try:
+            tokens = await counter.count(code[:guess])
+        except UpstreamError:
+            return guess
+        if not tokens or goal * 0.97 <= tokens + 16 <= goal:
             return guess
         guess = int(guess * (goal - 16) / tokens)
     return guess
-
-
-async def _count(probe: Prober, text: str) -> int | None:
-    for body in ({"content": text}, {"prompt": text}):  # llama.cpp's shape, then vLLM's
-        try:
-            async with probe.session.post(probe.url + "/tokenize", json=body) as resp:
-                if resp.status == 200:
-                    answer = await resp.json(content_type=None)
-                    return int(answer.get("count") or len(answer.get("tokens") or []))
-        except (aiohttp.ClientError, ValueError, AttributeError):
-            return None
-    return None
 
 
 def _read_log(result: Measurement, log: str) -> None:

@@ -15,7 +15,17 @@ from typing import Any
 import aiohttp
 import orjson
 
-from mellum_proxy.budget.templates import BUILTIN, MELLUM, FimParts, FimTemplate, template_for, template_the_model_knows
+from mellum_proxy.budget.templates import (
+    BUILTIN,
+    MELLUM,
+    PREFIX_ONLY,
+    FimParts,
+    FimTemplate,
+    template_for,
+    template_the_model_knows,
+)
+from mellum_proxy.budget.tokenizers import TokenCounter
+from mellum_proxy.errors import UpstreamError
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,27 +75,27 @@ def from_file(path: Path, limit: int) -> Quality:
     return Quality(tuple(tasks[:limit]), f"{path.name}, {min(limit, len(tasks))} tasks")
 
 
-async def _template(session: aiohttp.ClientSession, url: str, spec: str) -> FimTemplate:
+async def _template(spec: str, counter: TokenCounter | None) -> FimTemplate:
     if spec != "auto":
         chosen = template_for(spec)
         return chosen if chosen is not None else BUILTIN["mellum"]
+    if counter is None:
+        return PREFIX_ONLY  # no tokenizer to ask: markers the model may not know are only noise
 
     async def single_token(marker: str) -> bool:
-        for body in ({"content": marker}, {"prompt": marker}):  # llama.cpp's shape, then vLLM's
-            try:
-                async with session.post(url + "/tokenize", json=body) as resp:
-                    if resp.status == 200:
-                        return len((await resp.json(content_type=None)).get("tokens") or []) == 1
-            except (aiohttp.ClientError, ValueError):
-                return False
-        return False
+        try:
+            return await counter.count(marker) - await counter.count("") == 1
+        except UpstreamError:
+            return False
 
     return await template_the_model_knows(MELLUM, single_token)
 
 
-async def spot_check(session: aiohttp.ClientSession, url: str, model: str | None, quality: Quality) -> dict[str, Any]:
-    """Each task in turn; how many the server got exactly right."""
-    template = await _template(session, url, quality.template)
+async def spot_check(session: aiohttp.ClientSession, url: str, model: str | None, quality: Quality,
+                     counter: TokenCounter | None = None) -> dict[str, Any]:  # fmt: skip
+    """Each task in turn; how many the server got exactly right (`counter`: the server's tokenizer, which tells
+    whether the model knows a template's markers)."""
+    template = await _template(quality.template, counter)
     exact = 0
     for task in quality.tasks:
         body: dict[str, Any] = {"prompt": template.render(FimParts(task.prefix, task.suffix)), "max_tokens": 48,

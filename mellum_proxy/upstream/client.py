@@ -1,10 +1,8 @@
 """`UpstreamClient`: the proxy's one connection to a model server, the transport under each server kind.
 
-Completions go through the kind's wire (`servers/`), always as a stream, so the proxy sees the first token and can
-stop the server by closing the connection. Every response is opened through `open()`: an upstream 4xx/5xx becomes
-an `UpstreamStatusError`, and on any exception (cancellation included) the response is `close()`d, not released,
-so the socket drops and the server aborts the work.
-"""
+Completions go through the kind's wire (`servers/`), always streamed, so the proxy sees the first token and stops
+the server by closing the connection. Every response comes through `open()`: a 4xx/5xx becomes an
+`UpstreamStatusError`, and on any exception (cancellation too) the response is `close()`d, so the server aborts."""
 
 from __future__ import annotations
 
@@ -118,12 +116,14 @@ class UpstreamClient:
             UpstreamError: the upstream is unreachable, answered an error, or sent garbage.
         """
         wire = self.kind.wire
-        if answer_s is None or (self.answer_timeout_s is not None and self.answer_timeout_s < answer_s):
+        if not wire.answers_at_once:  # Ollama answers only with its first token: no answer timeout
+            answer_s = None
+        elif answer_s is None or (self.answer_timeout_s is not None and self.answer_timeout_s < answer_s):
             answer_s = self.answer_timeout_s
         body = orjson.dumps(wire.body(request, prompt, self.model, self.defaults))
-        headers = {**_JSON, **self.routing(request), **self.lane_hints}
-        within = answer_s if wire.answers_at_once else None  # Ollama answers only with its first token
-        async with self.open("POST", wire.path, body, headers, answer_s=within) as resp:
+        extra = self.routing_header or self.lane_hints  # else no headers to merge: `open` sends its JSON ones
+        headers = {**_JSON, **self.routing(request), **self.lane_hints} if extra else None
+        async with self.open("POST", wire.path, body, headers, answer_s=answer_s) as resp:
             async for batch in wire.read(resp):
                 yield batch
 

@@ -18,12 +18,12 @@ from mellum_proxy.console import fail
 Render = Callable[[dict[str, Any], str], str]
 
 
-def command_line() -> str:
-    """The command line as a reader would retype it; the home directory is written `~`, so no report
-    carries a user's own paths."""
+def command_line(prefix: str = "mellum-proxy bench", skip: int = 2) -> str:
+    """The command line as a reader would retype it (`prefix`, then the arguments after the first `skip`); the
+    home directory is written `~`, so no report carries a user's own paths."""
     home = str(Path.home())
-    args = ["~" + arg[len(home) :] if arg == home or arg.startswith(home + "/") else arg for arg in sys.argv[2:]]
-    return "mellum-proxy bench " + " ".join(arg if arg.startswith("~/") else shlex.quote(arg) for arg in args)
+    args = ["~" + arg[len(home) :] if arg == home or arg.startswith(home + "/") else arg for arg in sys.argv[skip:]]
+    return f"{prefix} " + " ".join(arg if arg.startswith("~/") else shlex.quote(arg) for arg in args)
 
 
 def write_report(out: Path, name: str, result: dict[str, Any], render: Render) -> None:
