@@ -137,7 +137,7 @@ class Discovery:
     async def _warm(self) -> None:
         """One short completion on the embedded server before it is called ready: llama.cpp's first decode
         (weights paged in, buffers allocated) took 3 s of the first keystroke's time once."""
-        request = NormalizedRequest(id="warm-up", dialect="internal", session="warm-up", prefix=WARM_PROMPT,
+        request = NormalizedRequest(id="warm-up", route="internal", session="warm-up", prefix=WARM_PROMPT,
                                     suffix="", max_tokens=4)  # fmt: skip
         started = asyncio.get_running_loop().time()
         try:

@@ -43,7 +43,8 @@ class NormalizedRequest:
 
     Attributes:
         id: the proxy's request id (also sent back as `X-Request-Id`).
-        dialect: the wire format it came in (`openai`, later `llamacpp-infill`, `ollama`, ...).
+        route: the name of the dialect's route it came in by (`openai`, `llamacpp-infill`, `ollama`, ...); the
+            request log keeps it as `dialect`.
         session: key that groups requests of one editor (debounce and cancellation are per session).
         prefix: text before the cursor (for OpenAI: the `prompt`).
         suffix: text after the cursor, or None when the client sent none.
@@ -61,7 +62,7 @@ class NormalizedRequest:
     """
 
     id: str
-    dialect: str
+    route: str
     session: str
     prefix: str
     suffix: str | None = None

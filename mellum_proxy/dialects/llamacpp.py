@@ -74,7 +74,7 @@ def parse_infill(body: Any, headers: Mapping[str, str], request_id: str) -> Norm
     # `input_extra` names other buffers (ring chunks), never the current one.
     path = header(headers, "X-File-Path") or None
     return NormalizedRequest(
-        id=request_id, dialect=INFILL, session=session_key(headers), prefix=prefix + current_line, suffix=suffix,
+        id=request_id, route=INFILL, session=session_key(headers), prefix=prefix + current_line, suffix=suffix,
         stream=stream, max_tokens=max_tokens, params=params, file_path=path, language=header(headers, "X-Language"),
         context_files=tuple(f for f in extra if f[1]), response_fields=response_fields,
     )  # fmt: skip
@@ -93,7 +93,7 @@ def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> 
     response_fields = _response_fields(fields.raw("response_fields"))
     params.update(fields.rest(_NOT_FORWARDED))
     return NormalizedRequest(
-        id=request_id, dialect=COMPLETION, session=session_key(headers), prefix=prompt, suffix=None, stream=stream,
+        id=request_id, route=COMPLETION, session=session_key(headers), prefix=prompt, suffix=None, stream=stream,
         max_tokens=max_tokens, params=params, file_path=header(headers, "X-File-Path"),
         language=header(headers, "X-Language"), response_fields=response_fields, edit_region=edit_region_format(prompt),
     )  # fmt: skip

@@ -54,7 +54,7 @@ def parse_generate(body: Any, headers: Mapping[str, str], request_id: str) -> No
     num_predict = options.integer("num_predict", minimum=-2)
     num_ctx = options.integer("num_ctx", minimum=1)
     return NormalizedRequest(
-        id=request_id, dialect=DIALECT, session=session_key(headers), prefix=prompt, suffix=suffix or None,
+        id=request_id, route=DIALECT, session=session_key(headers), prefix=prompt, suffix=suffix or None,
         stream=stream, max_tokens=None if num_predict is None or num_predict < 0 else num_predict, params=params,
         file_path=header(headers, "X-File-Path"), language=header(headers, "X-Language"), context_tokens=num_ctx,
         edit_region=None if suffix else edit_region_format(prompt),

@@ -61,7 +61,7 @@ def parse_completion(body: Any, headers: Mapping[str, str], request_id: str) -> 
     params.update(fields.rest())
     return NormalizedRequest(
         id=request_id,
-        dialect=DIALECT,
+        route=DIALECT,
         session=session_key(headers, user),
         prefix=prompt,
         suffix=suffix,

@@ -128,7 +128,7 @@ def arrival(request: NormalizedRequest, at: float, with_text: bool) -> dict[str,
     line: dict[str, object] = {
         "t": at,
         "session": request.session,
-        "dialect": request.dialect,
+        "dialect": request.route,
         "file": file,
         "prefix_chars": len(prefix),
         "suffix_chars": len(suffix),

@@ -29,7 +29,7 @@ def prompt_digest(request: NormalizedRequest) -> str:
 class RequestRecord:
     id: str
     session: str
-    dialect: str
+    dialect: str  # the route it came in by (`NormalizedRequest.route`), under the request log's old key
     received_at: float  # unix seconds
     started: float  # `Clock.now()` at arrival, for durations; not logged
     outcome: Outcome | None = None
@@ -72,7 +72,7 @@ class RequestRecord:
         return cls(
             id=request.id,
             session=request.session,
-            dialect=request.dialect,
+            dialect=request.route,
             received_at=unix,
             started=now,
             prompt_chars=len(request.prefix),

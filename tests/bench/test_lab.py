@@ -114,7 +114,7 @@ def test_a_prompt_over_a_slot_is_the_servers_400_not_a_proxy_defect() -> None:
     async def run() -> None:
         engine = SimEngine(replace(SLOW, kv_tokens=10))
         source = EngineSource(engine, Writer({0: "x"}, 0.0), {"r": 0})
-        request = NormalizedRequest(id="r", dialect="openai", session="s", prefix="x" * 400)
+        request = NormalizedRequest(id="r", route="openai", session="s", prefix="x" * 400)
         prompt = BudgetedPrompt("x" * 400, None, 16, (), 120, 120, False, "chars")
         try:
             async for _ in source.stream_completion(request, prompt):

@@ -114,7 +114,7 @@ def test_a_recording_of_prompts_the_plugin_rendered_itself_shows_the_typing(tmp_
 
     def rendered(at: float, prefix: str) -> dict[str, object]:
         prompt = MELLUM.render(FimParts(prefix, "\n    return total\n", "src/calc.py"))
-        return arrival(NormalizedRequest(id="r", dialect="openai", session="s", prefix=prompt), at, with_text=True)
+        return arrival(NormalizedRequest(id="r", route="openai", session="s", prefix=prompt), at, with_text=True)
 
     first, second = rendered(10.0, "def total(xs):\n    total = "), rendered(10.2, "def total(xs):\n    total = sum")
     assert first["file"] == "src/calc.py" and first["prompt"] == "def total(xs):\n    total = "
@@ -124,6 +124,6 @@ def test_a_recording_of_prompts_the_plugin_rendered_itself_shows_the_typing(tmp_
     events = from_recording(rec).events
     assert events[2] == Edit(200, "src/calc.py", len("def total(xs):\n    total = "), 0, "sum")  # typing, not a jump
     prompt = MELLUM.render(FimParts("ab", "cd", "x.py"))
-    without_text = arrival(NormalizedRequest(id="r", dialect="openai", session="s", prefix=prompt), 1.0, False)
+    without_text = arrival(NormalizedRequest(id="r", route="openai", session="s", prefix=prompt), 1.0, False)
     assert without_text == {"t": 1.0, "session": "s", "dialect": "openai", "file": "x.py", "prefix_chars": 2,
                             "suffix_chars": 2}  # fmt: skip

@@ -15,7 +15,7 @@ TEXT = "\n".join(corpus_texts())
 
 
 def request(prefix: str, suffix: str | None, path: str | None = "inventory.py") -> NormalizedRequest:
-    return NormalizedRequest(id="r", dialect="test", session="s", prefix=prefix, suffix=suffix, file_path=path)
+    return NormalizedRequest(id="r", route="test", session="s", prefix=prefix, suffix=suffix, file_path=path)
 
 
 def budget(tokenizer: Path | None, **settings: object) -> ContextBudget:

@@ -28,7 +28,7 @@ class CountingServer:
 
 
 def request(prefix: str, suffix: str) -> NormalizedRequest:
-    return NormalizedRequest(id="r", dialect="test", session="s", prefix=prefix, suffix=suffix, file_path="a.py")
+    return NormalizedRequest(id="r", route="test", session="s", prefix=prefix, suffix=suffix, file_path="a.py")
 
 
 async def test_typing_costs_one_tokenize_per_keystroke_and_stays_exact(bpe_tokenizer: Path) -> None:

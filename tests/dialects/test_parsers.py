@@ -28,7 +28,7 @@ def test_openai_reads_minuets_body() -> None:
     assert (request.prefix, request.suffix) == (body["prompt"], body["suffix"])
     assert request.stream and request.max_tokens == 128 and request.params["top_p"] == 0.9
     assert request.params["model"] == "mellum"  # not read by the proxy: passed on as the plugin sent it
-    assert request.session == "default/test-plugin/1.0" and request.dialect == "openai"
+    assert request.session == "default/test-plugin/1.0" and request.route == "openai"
 
 
 def test_openai_takes_a_one_string_prompt_list_and_refuses_the_rest() -> None:

@@ -16,7 +16,7 @@ def _foresight(clock: ManualClock, hold_max_s: float = 0.3) -> Foresight:
 
 
 def _request(prefix: str) -> NormalizedRequest:
-    return NormalizedRequest(id="1", dialect="openai", session="s", prefix=prefix, suffix="")
+    return NormalizedRequest(id="1", route="openai", session="s", prefix=prefix, suffix="")
 
 
 def _learned(foresight: Foresight, clock: ManualClock) -> None:

@@ -10,9 +10,7 @@ B = 'package main\n\nimport "fmt"\n\nfunc main() {\n\tfmt.Println("hello, world"
 
 
 def ask(documents: Documents, prefix: str, suffix: str = "", session: str = "default/curl/8.5") -> str:
-    return documents.assign(
-        NormalizedRequest(id="r", dialect="d", session=session, prefix=prefix, suffix=suffix)
-    ).session
+    return documents.assign(NormalizedRequest(id="r", route="d", session=session, prefix=prefix, suffix=suffix)).session
 
 
 def test_two_files_get_two_sessions_and_typing_on_keeps_each() -> None:

@@ -87,7 +87,7 @@ async def _run(
     loop = asyncio.get_running_loop()
     for i, (gap_ms, session, leave_ms, tokens, typed) in enumerate(schedule):
         await asyncio.sleep(gap_ms / 1000)  # the arrival schedule, in virtual time
-        request = NormalizedRequest(id=str(i), dialect="test", session=session, prefix="p" + "x" * typed,
+        request = NormalizedRequest(id=str(i), route="test", session=session, prefix="p" + "x" * typed,
                                     suffix="s", max_tokens=tokens)  # fmt: skip
         answer = RecordingAnswer()
         tasks.append(asyncio.create_task(service.complete(request, answer)))

@@ -35,7 +35,7 @@ def test_typed_through_a_completion_still_streaming() -> None:
 
 
 def _request(prefix: str, suffix: str | None = "\n", file: str = "a.py", session: str = "s") -> NormalizedRequest:
-    return NormalizedRequest(id="r", dialect="test", session=session, prefix=prefix, suffix=suffix, file_path=file)
+    return NormalizedRequest(id="r", route="test", session=session, prefix=prefix, suffix=suffix, file_path=file)
 
 
 PROMPT = BudgetedPrompt("p", None, 16, (), 1, 1, False, "chars")

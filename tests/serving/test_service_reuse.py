@@ -57,7 +57,7 @@ def _service(upstream: TextUpstream, **options: object) -> CompletionService:
 
 
 def _request(i: int, prefix: str) -> NormalizedRequest:
-    return NormalizedRequest(id=str(i), dialect="test", session="s", prefix=prefix, suffix="\n", max_tokens=32,
+    return NormalizedRequest(id=str(i), route="test", session="s", prefix=prefix, suffix="\n", max_tokens=32,
                              file_path="a.py")  # fmt: skip
 
 

@@ -16,7 +16,7 @@ PREFIX = "def count(items):\n    total = 0\n    for item in items:\n        "
 
 
 def arrive(tracker: AcceptanceTracker, number: int, prefix: str, session: str = "s") -> Judged | None:
-    return tracker.arrived(NormalizedRequest(id=str(number), dialect="openai", session=session, prefix=prefix))
+    return tracker.arrived(NormalizedRequest(id=str(number), route="openai", session=session, prefix=prefix))
 
 
 def shown(text: str) -> Completion:

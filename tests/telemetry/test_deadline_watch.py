@@ -15,7 +15,7 @@ from tests.conftest import ProxyFactory
 
 
 def record(outcome: Outcome, ttft_ms: float | None = None, queue_ms: float = 0.0) -> RequestRecord:
-    request = NormalizedRequest(id="r", dialect="openai", session="s", prefix="x")
+    request = NormalizedRequest(id="r", route="openai", session="s", prefix="x")
     done = RequestRecord.start(request, 0.0, 0.0, False, False)
     done.outcome, done.ttft_ms, done.queue_ms = outcome, ttft_ms, queue_ms
     return done

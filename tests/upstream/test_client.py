@@ -16,7 +16,7 @@ from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory
 
-REQUEST = NormalizedRequest(id="r", dialect="openai", session="s", prefix="def fib(n):", max_tokens=4)
+REQUEST = NormalizedRequest(id="r", route="openai", session="s", prefix="def fib(n):", max_tokens=4)
 PROMPT = BudgetedPrompt("def fib(n):", None, 4, (), 8, 8, False, "bytes")
 
 
@@ -92,7 +92,7 @@ async def test_an_upstream_that_ignores_stream_true_still_gives_its_text(aiohttp
 async def test_let_go_waits_for_the_real_server_to_drop_a_cancelled_request(embedded_server: EmbeddedServer) -> None:
     """llama.cpp keeps working on a request after its client closed the connection; `let_go` returns once
     the server's own gauges say it holds nothing more than allowed."""
-    long = NormalizedRequest(id="r", dialect="openai", session="s", prefix="def fib(n):", max_tokens=400)
+    long = NormalizedRequest(id="r", route="openai", session="s", prefix="def fib(n):", max_tokens=400)
     prompt = BudgetedPrompt("def fib(n):", None, 400, (), 8, 8, False, "bytes")
     async with aiohttp.ClientSession() as session:
         upstream = UpstreamClient(session, str(embedded_server.url))

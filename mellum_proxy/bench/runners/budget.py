@@ -197,7 +197,7 @@ async def stepped_window(real: str, step_lines: int, keystrokes: int, context: i
         upstream = UpstreamClient(session, real)
         budget = ContextBudget(settings, UpstreamTokenizer(upstream))
         for n in range(1, keystrokes + 1):
-            request = NormalizedRequest(id="b", dialect="bench", session="s", prefix=before + typed[:n], suffix=after,
+            request = NormalizedRequest(id="b", route="bench", session="s", prefix=before + typed[:n], suffix=after,
                                         file_path="app.py")  # fmt: skip
             out = await budget.apply(request)
             body = {"prompt": out.prompt, "max_tokens": 1, "temperature": 0, "cache_prompt": True}

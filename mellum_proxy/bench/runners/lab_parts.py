@@ -123,7 +123,7 @@ class LabEditor:
         if self.service is None:
             coro = self._direct(result, MELLUM.render(FimParts(prefix, suffix, file)))
         else:
-            request = NormalizedRequest(id=str(index), dialect="lab", session="lab", prefix=prefix, suffix=suffix,
+            request = NormalizedRequest(id=str(index), route="lab", session="lab", prefix=prefix, suffix=suffix,
                                         max_tokens=self.max_tokens, file_path=file,
                                         params={"temperature": 0})  # fmt: skip
             self.source.edit_of[request.id] = index

@@ -35,11 +35,11 @@ def measure(prompt_mb: float = 4.0) -> dict[str, float]:
     for session in range(MAX_SESSIONS):
         for entry in range(ENTRIES_PER_SESSION):
             prefix = body + f"# {session}/{entry}\nx = "  # a new 4 MB string each time
-            request = NormalizedRequest(id="r", dialect="openai", session=str(session), prefix=prefix, suffix=body)
+            request = NormalizedRequest(id="r", route="openai", session=str(session), prefix=prefix, suffix=body)
             cache.remember(request, _done("compute(1)"))
     del prefix, request
     after = rss_mib(os.getpid())
-    typed = NormalizedRequest(id="r", dialect="openai", session="255", prefix=body + "# 255/3\nx = comp", suffix=body)
+    typed = NormalizedRequest(id="r", route="openai", session="255", prefix=body + "# 255/3\nx = comp", suffix=body)
     started = time.perf_counter()
     hit = cache.lookup(typed)
     lookup_ms = (time.perf_counter() - started) * 1000
