@@ -311,7 +311,9 @@ def run_profile(args: argparse.Namespace) -> None:
     except OSError as exc:
         fail(f"cannot write {args.out}: {exc.strerror}")
     print(f"prefill {measured.prefill_tps:.0f} tok/s, decode {measured.decode_tps:.1f} tok/s, {measured.slots} slots, "
-          f"{measured.overhead_ms:.0f} ms a request; disconnect stops decoding: {measured.disconnect_stops_decode}, "
+          f"{measured.overhead_ms:.0f} ms a request and {measured.overhead_per_token_ms * 1000:.0f} µs a prompt "
+          f"token, {measured.idle_slowdown:.2f}x after a pause (varying by {measured.spread:.2f}); "
+          f"disconnect stops decoding: {measured.disconnect_stops_decode}, "
           f"stops a prefill: {measured.disconnect_stops_prefill}; took {measured.took_s:.0f} s")  # fmt: skip
     print(f"saved {args.out} (bench lab --profile {args.out})")
 

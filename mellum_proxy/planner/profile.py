@@ -3,9 +3,17 @@ the policy lab (`bench lab --profile FILE.json`) and for a person choosing setti
 
 Over `/v1/completions`, streamed, at temperature 0:
 - time to first token against prompt length, each prompt cold (a new prompt: a nonce first) and again at
-  once (the server's prompt cache); the prefill rate is the slope of the cold times, the per-request
-  overhead a cached request's first token less one decode step;
-- the decode rate of one request, from its token events' arrival (`ignore_eos`, so it runs to `max_tokens`);
+  once (the server's prompt cache); the per-request overhead a cached request's first token less one decode
+  step, a fixed part and a part growing with the prompt (the line through the cached times), the prefill rate
+  the slope of the cold times less that part;
+- the decode rate of one request, from its token events' arrival (`ignore_eos`, so it runs to `max_tokens`),
+  the median over a long request and the repeats below;
+- a plugin's request as typing sends it: the same short request `REPEATS` times one after another (fewer on
+  a slow server), and as many times each after a keystroke's gap of quiet (`TYPING_GAP_S`); how much slower
+  the server answers after the quiet (`idle_slowdown`: on a VM or a GPU that clocks down, a request after a
+  pause is slower than one of a busy stream, by a quarter and more on this project's machine) and how much
+  one such request's time varies (`spread`: the standard deviation of the logarithm of its times); the lab's
+  simulator takes both;
 - concurrency: the per-request decode rate with 1..N requests at once (N: the server's slots), and from it
   how much each other running sequence slows one down (`batch_penalty`, as the lab's simulator takes it);
 - whether a client's disconnect stops decoding, and whether it stops a prefill, from the server's own
@@ -16,6 +24,7 @@ The prompts are this package's own Python source: real code, shipped with it.
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import statistics
 import time
@@ -34,6 +43,9 @@ from mellum_proxy.upstream.servers import discover
 LENGTHS = (128, 512, 1024, 2048, 4096)  # prompt tokens asked for, up to half the server's context
 DECODE_TOKENS = 64
 CONCURRENT_TOKENS = 32
+REPEATS, REPEAT_TOKENS = 16, 16  # a completion plugin's request, again and again
+TYPING_GAP_S = 0.15  # between keystrokes: the shipped traces' median gap is 136 ms
+REPEAT_BUDGET_S, FEWEST_REPEATS = 4.0, 5  # a slow server is asked fewer times: at least 5, until 4 s are spent
 # counters of tokens the server computed (prompt) and decoded, by server
 PROMPT_COUNTERS = ("llamacpp:prompt_tokens_total", "vllm:prompt_tokens_total")
 DECODE_COUNTERS = ("llamacpp:tokens_predicted_total", "vllm:generation_tokens_total")
@@ -51,6 +63,8 @@ class Profile(ServerProfile):
     context_tokens: int | None = None
     ttft: list[dict[str, float]] = field(default_factory=list)  # prompt tokens, cold and cached ms
     concurrency: list[dict[str, float]] = field(default_factory=list)  # at once, per-request and total tok/s
+    repeat_ms: list[float] = field(default_factory=list)  # the same request's times, one after another
+    spaced_ms: list[float] = field(default_factory=list)  # the same, each after `TYPING_GAP_S` of quiet
     disconnect_stops_decode: bool | None = None
     disconnect_stops_prefill: bool | None = None
     took_s: float = 0.0
@@ -142,10 +156,37 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return mean_y - slope * mean_x, slope
 
 
-def _overhead_ms(ttft: list[dict[str, float]], decode_tps: float) -> float:
-    """What a request costs besides its prefill: a prompt-cached request's first token, less one decode step."""
-    cached = statistics.median(row["cached_ms"] for row in ttft) if ttft else 0.0
-    return max(0.0, cached - (1000 / decode_tps if decode_tps else 0.0))
+def _overhead(ttft: list[dict[str, float]], decode_tps: float) -> tuple[float, float]:
+    """What a request costs besides its prefill, from the prompt-cached first tokens less one decode step: a
+    fixed part (ms) and a part for each prompt token (ms a token: tokenizing, the cache's lookup), fitted."""
+    step_ms = 1000 / decode_tps if decode_tps else 0.0
+    points = [(row["prompt_tokens"], row["cached_ms"]) for row in ttft]
+    if len(points) < 2:
+        return max(0.0, (points[0][1] if points else 0.0) - step_ms), 0.0
+    fixed, per_token = _fit(points)
+    if per_token <= 0:  # no growth seen: all of it fixed
+        return max(0.0, statistics.median(ms for _, ms in points) - step_ms), 0.0
+    return max(0.0, fixed - step_ms), per_token
+
+
+def spread(times_ms: list[float]) -> float:
+    """How much one request's time varies: the standard deviation of the logarithms of its times (0 with fewer
+    than two)."""
+    positive = [math.log(t) for t in times_ms if t > 0]
+    return statistics.stdev(positive) if len(positive) > 1 else 0.0
+
+
+async def _repeated(probe: Prober, quiet_s: float) -> list[Timed]:
+    """The same short request, each after `quiet_s` with nothing sent: `REPEATS` times, or as many as
+    `REPEAT_BUDGET_S` allows (at least `FEWEST_REPEATS`)."""
+    runs: list[Timed] = []
+    spent = 0.0
+    while len(runs) < REPEATS and (spent < REPEAT_BUDGET_S or len(runs) < FEWEST_REPEATS):
+        if quiet_s:
+            await asyncio.sleep(quiet_s)  # the quiet being measured, not a wait for anything
+        runs.append(await probe.complete("def again():\n    ", REPEAT_TOKENS))
+        spent += runs[-1].total_s + quiet_s
+    return runs
 
 
 def _decode_rate(times: list[float]) -> float | None:
@@ -179,8 +220,21 @@ async def profile(url: str, name: str | None = None, progress: Any = None, shown
             ttft.append({"prompt_tokens": tokens, "cold_ms": cold_ms, "cached_ms": cached_ms})
             say(f"prompt {tokens} tokens: first token {cold_ms:.0f} ms cold, {cached_ms:.0f} ms cached")
         intercept, slope = _fit(cold_points) if len(cold_points) > 1 else (0.0, cold_points[0][1] / cold_points[0][0])
-        decode = _decode_rate((await probe.complete("def count():\n    ", DECODE_TOKENS)).token_times) or 0.0
-        say(f"prefill {1 / slope if slope > 0 else 0:.0f} tok/s, decode {decode:.1f} tok/s")
+        long = await probe.complete("def count():\n    ", DECODE_TOKENS)
+        repeats = await _repeated(probe, quiet_s=0.0)
+        rates = [r for r in (_decode_rate(run.token_times) for run in [long, *repeats]) if r]
+        decode = statistics.median(rates) if rates else 0.0
+        repeat_ms = [run.total_s * 1000 for run in repeats]
+        spaced_ms = [run.total_s * 1000 for run in await _repeated(probe, quiet_s=TYPING_GAP_S)]
+        slowdown = max(1.0, statistics.median(spaced_ms) / statistics.median(repeat_ms))
+        overhead_ms, per_token_ms = _overhead(ttft, decode)
+        prefill_s = slope - per_token_ms / 1000  # a cold token's cost less what a cached one costs too
+        prefill = 1 / prefill_s if prefill_s > 0 else 1 / slope if slope > 0 else 0.0
+        say(
+            f"prefill {prefill:.0f} tok/s, decode {decode:.1f} tok/s; the same request {len(repeat_ms)} times: "
+            f"{statistics.median(repeat_ms):.0f} ms median one after another, {statistics.median(spaced_ms):.0f} ms "
+            f"after {TYPING_GAP_S * 1000:.0f} ms of quiet"
+        )
         concurrency = []
         for together in range(1, slots + 1):
             runs = await asyncio.gather(*(probe.complete(f"# {i}\ndef f{i}():\n    ", CONCURRENT_TOKENS)
@@ -196,9 +250,10 @@ async def profile(url: str, name: str | None = None, progress: Any = None, shown
         stops_decode, stops_prefill = await _disconnects(probe, code, context)
     return Profile(
         name=name or f"{found.kind or 'server'}:{found.model or url}",
-        prefill_tps=1 / slope if slope > 0 else 0.0, decode_tps=decode, slots=slots, kv_tokens=context * slots,
+        prefill_tps=prefill, decode_tps=decode, slots=slots, kv_tokens=context * slots,
         chars_per_token=statistics.fmean(chars_per_token), batch_penalty=penalty,
-        overhead_ms=_overhead_ms(ttft, decode), fit_intercept_ms=intercept * 1000,
+        overhead_ms=overhead_ms, overhead_per_token_ms=per_token_ms, fit_intercept_ms=intercept * 1000,
+        spread=spread(spaced_ms), idle_slowdown=slowdown, repeat_ms=repeat_ms, spaced_ms=spaced_ms,
         source=f"measured by `mellum-proxy profile --upstream {shown_as or url}`",
         kind=found.kind, model=found.model, context_tokens=context, ttft=ttft, concurrency=concurrency,
         disconnect_stops_decode=stops_decode, disconnect_stops_prefill=stops_prefill,

@@ -20,4 +20,7 @@ class ServerProfile:
     chars_per_token: float  # of code, by its tokenizer
     batch_penalty: float  # each further request at once slows each one's decode by this share
     source: str  # where the numbers come from: measured (by what), or derived (from which published run)
-    overhead_ms: float = 0.0  # per request, before prefill (HTTP parse, tokenize, sampler set-up)
+    overhead_ms: float = 0.0  # per request, before prefill (HTTP parse, sampler set-up)
+    overhead_per_token_ms: float = 0.0  # per request and prompt token, cached or not (tokenizing, cache lookup)
+    spread: float = 0.0  # one request's time, repeated, varies by this (the sigma of its logarithm); 0: never
+    idle_slowdown: float = 1.0  # a request that finds the server idle takes this much longer (clocks, caches)

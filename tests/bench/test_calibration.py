@@ -27,5 +27,6 @@ async def test_the_lab_is_held_to_the_median_of_the_real_runs(sim_url: str) -> N
     assert len(direct["runs"]) == 3 and direct["real"]["upstream_requests"] == 24  # the plugin's, every run
     assert direct["sim"]["upstream_requests"] == 24
     table = render(result, "mellum-proxy bench calibrate bursts --runs 3")
-    assert "| real: median of 3 | real range |" in table
-    assert "| direct | upstream requests | 24 | 24-24 | 24 | yes |" in table
+    assert "| real: median of 3 | real range | sim: median of 3 | sim range |" in table
+    assert "| direct | upstream requests | 24 | 24-24 | 24 | 24-24 | yes |" in table
+    assert len(direct["sim_runs"]) == 3  # the lab run as often as the real server, each its own seed

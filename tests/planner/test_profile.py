@@ -26,10 +26,15 @@ async def test_the_embedded_server_measured(embedded_server: Any, tmp_path: Path
     # Whether it finished the prefill depends on when the disconnect landed (before the task started, between
     # its batches): measured as True on two busy cores once, False on an idle one. Reported, not asserted.
     assert measured.disconnect_stops_prefill in (True, False)
+    # a plugin's request, again and again and each after a keystroke's quiet: at least five of each on this slow
+    # server, the slowdown after the quiet (at least 1: a server is never taken as faster for having rested)
+    assert len(measured.repeat_ms) >= 5 and len(measured.spaced_ms) >= 5
+    assert measured.idle_slowdown >= 1.0 and measured.spread >= 0.0 and measured.overhead_per_token_ms >= 0.0
     path = tmp_path / "profile.json"
     path.write_bytes(measured.as_json())
     spec = sim_profile(str(path))  # what `bench lab --profile FILE.json` takes
     assert (spec.prefill_tps, spec.decode_tps, spec.slots) == (measured.prefill_tps, measured.decode_tps, 2)
+    assert (spec.spread, spec.idle_slowdown) == (measured.spread, measured.idle_slowdown)
     assert spec.source.startswith("measured by `mellum-proxy profile")
 
 

@@ -15,6 +15,10 @@ depend on it:
 - Each slot keeps its last prompt (the prompt cache); a task takes the free slot whose cache shares
   the longest prefix with its prompt, and only the rest is prefilled.
 - Prefill and decode slow down by `batch_penalty` for each other sequence running.
+- A request's time varies from one request to the next as the server's measured `spread` says (a factor drawn
+  for each task, log-normal, from a generator seeded at the engine's making, so a lab run repeats exactly),
+  and a request that finds nothing running takes `idle_slowdown` times longer: a server a moment idle answers
+  slower than a busy one (measured by `mellum-proxy profile`: 1.2-1.4x on this project's 2-core VM).
 - The KV cache is split among the slots (`kv_tokens / slots` each, llama.cpp's `n_ctx` per slot): a prompt
   longer than a slot's context is refused at once (llama.cpp's 400 `exceed_context_size_error`); waiting in
   the queue takes none of it, so any number of tasks may wait (llama.cpp queues, it does not refuse).
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -95,8 +100,9 @@ class _Slot:
 
 
 class SimEngine:
-    def __init__(self, spec: ServerProfile) -> None:
+    def __init__(self, spec: ServerProfile, seed: int = 0) -> None:
         self.spec = spec
+        self._random = random.Random(seed)
         self._slots = [_Slot() for _ in range(spec.slots)]
         self._queue: list[SimTask] = []
         self._running: set[asyncio.Task[None]] = set()
@@ -161,11 +167,12 @@ class SimEngine:
             slot = self._free_slot(task.prompt)
             assert slot is not None
             slot.busy, task.started = True, True
+            woke = self.active == 0  # the server was idle: its next request runs slower
             self.active += 1
             self.kv_in_use += size  # a slot's cells, while it runs
             self._note()
             try:
-                await self._generate(task, slot)
+                await self._generate(task, slot, self.spec.idle_slowdown if woke else 1.0)
             finally:
                 slot.busy = False
                 self.active -= 1
@@ -175,12 +182,14 @@ class SimEngine:
             task.changes.notify()
             self._note()
 
-    async def _generate(self, task: SimTask, slot: _Slot) -> None:
+    async def _generate(self, task: SimTask, slot: _Slot, slowdown: float) -> None:
         spec = self.spec
         cached = min(math.floor(_common_prefix(slot.cache, task.prompt) / spec.chars_per_token), task.prompt_tokens)
         computed = task.prompt_tokens - cached
         task.cached_tokens = cached
-        await asyncio.sleep(spec.overhead_ms / 1000 + computed / spec.prefill_tps * self._slowdown())  # prefill
+        factor = slowdown * (self._random.lognormvariate(0.0, spec.spread) if spec.spread > 0 else 1.0)
+        overhead_ms = spec.overhead_ms + task.prompt_tokens * spec.overhead_per_token_ms
+        await asyncio.sleep(factor * (overhead_ms / 1000 + computed / spec.prefill_tps * self._slowdown()))
         slot.cache = task.prompt
         self.prompt_tokens += computed
         self.prompt_tokens_cached += cached
@@ -189,7 +198,7 @@ class SimEngine:
             if task.gone and task.streamed:
                 task.finish_reason = "cancelled"
                 return
-            await asyncio.sleep(self._slowdown() / spec.decode_tps)  # one decode step
+            await asyncio.sleep(factor * self._slowdown() / spec.decode_tps)  # one decode step
             self.tokens_predicted += 1
             slot.cache += piece
             task.pieces.append(piece)

@@ -4,7 +4,8 @@ in the lab on `sim:embedded-cpu` (virtual time), for `direct` and the defaults, 
 The simulator is trusted for a policy choice only where the two agree: within 15 % on pause coverage,
 pause->shown p95, upstream requests and the server's peak held requests (running + queued, from its own
 `/metrics`). One real run differs from the next on a busy machine by more than that, so `--runs N` replays each
-policy N times (the policies taking turns) and the lab is held to the median, with the range beside it.
+policy N times (the policies taking turns) and the lab N times too (seeds 0..N-1: a measured profile's `spread`
+gives each simulated request its own luck), median held to median, each side's range beside it.
 The simulated model's accuracy defaults to 0: the embedded gemma-3-270m was not trained for
 fill-in-the-middle, and its suggestions (almost) never begin with what the person typed next — the
 real run's `predicted chars` says how often they did.
@@ -28,6 +29,8 @@ from mellum_proxy.bench.runners.upstreams import upstream_for
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.trace import Event, TraceError, limited
 from mellum_proxy.console import POSITIVE, SHARE, command, fail
+from mellum_proxy.planner.profile import Profile, ProfileError
+from mellum_proxy.planner.profile import profile as measure_server
 from mellum_proxy.planner.server_profile import ServerProfile
 
 
@@ -37,8 +40,10 @@ def add_commands(commands: Any) -> None:
     calibrate.add_argument("trace", type=Path)
     calibrate.add_argument("--limit-events", type=POSITIVE, default=300, help="edits [default: 300]")
     calibrate.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
-    calibrate.add_argument("--profile", default="embedded-cpu", help="the lab's server: a sim profile, or the JSON "
-                           "of `mellum-proxy profile` [default: embedded-cpu]")  # fmt: skip
+    calibrate.add_argument("--profile", default="embedded-cpu",
+                           help="the lab's server: a sim profile, the JSON of `mellum-proxy profile`, or 'measure' "
+                                "(profile the real server first, as `mellum-proxy profile` does, and keep it as "
+                                "OUT/profile.json) [default: embedded-cpu]")  # fmt: skip
     calibrate.add_argument("--runs", type=POSITIVE, default=1,
                            help="real replays of each policy, taking turns; the lab is held to their median "
                                 "[default: 1]")  # fmt: skip
@@ -51,18 +56,33 @@ def add_commands(commands: Any) -> None:
 def _calibrate(args: argparse.Namespace) -> None:
     try:
         events = list(limited(load_trace(args.trace), args.limit_events))
-        spec = profile(args.profile)
+        spec = None if args.profile == MEASURE else profile(args.profile)
     except (OSError, TraceError, ValueError) as exc:
         fail(str(exc))
 
-    async def run() -> dict[str, Any]:
+    async def run() -> tuple[dict[str, Any], ServerProfile]:
         async with upstream_for(args.upstream) as (url, described):
-            return await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy, spec=spec,
-                                 runs=args.runs)  # fmt: skip
+            measured = spec or await _profile(url, described)
+            result = await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy,
+                                   spec=measured, runs=args.runs)  # fmt: skip
+            return result, measured
 
-    write_report(args.out, "calibration", asyncio.run(run()), render)
+    result, measured = asyncio.run(run())
+    write_report(args.out, "calibration", result, render)
+    if spec is None and isinstance(measured, Profile):
+        (args.out / "profile.json").write_bytes(measured.as_json())
+        print(f"wrote {args.out / 'profile.json'}")
 
 
+async def _profile(url: str, described: str) -> Profile:
+    """The real server measured as `mellum-proxy profile` measures one."""
+    try:
+        return await measure_server(url, described, print, shown_as="the server calibrated")
+    except ProfileError as exc:
+        fail(f"calibrate --profile measure: {exc}")
+
+
+MEASURE = "measure"
 TOLERANCE = 0.15
 METRICS = (
     ("pause_coverage", "pause coverage", "{:.0%}"),
@@ -79,8 +99,8 @@ async def measure(
     events: Sequence[Event], trace: str, url: str, described: str, max_tokens: int, accuracy: float,
     progress: Callable[[str], None] = print, spec: ServerProfile | None = None, runs: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
-    """Each policy `runs` times on the real server (taking turns) and once in the lab; per metric the real
-    runs' values, their median, and the lab's."""
+    """Each policy `runs` times on the real server (taking turns) and `runs` times in the lab (seeds 0.., each its
+    own luck where the profile has a `spread`); per metric each side's runs and their median."""
     spec = spec or profile("embedded-cpu")
     real_runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in POLICIES}
     for turn in range(runs):
@@ -93,12 +113,17 @@ async def measure(
                                     "predicted_chars": real.predicted_chars})  # fmt: skip
     rows = []
     for name, settings in POLICIES:
-        lab = await asyncio.to_thread(
-            run_lab, Policy(name, settings), events, spec, trace, accuracy, max_tokens=max_tokens
-        )  # fmt: skip (its own virtual-time loop)
+        labs = [
+            await asyncio.to_thread(
+                run_lab, Policy(name, settings), events, spec, trace, accuracy, max_tokens=max_tokens, seed=seed
+            )
+            for seed in range(runs)
+        ]  # fmt: skip (its own virtual-time loop; a seed is a run's luck)
+        sims = [{key: getattr(lab, key) for key, _, _ in METRICS} for lab in labs]
         median = {key: _median([r[key] for r in real_runs[name]]) for key, _, _ in METRICS}
         rows.append({"policy": name, "real": median, "runs": real_runs[name],
-                     "sim": {key: getattr(lab, key) for key, _, _ in METRICS}})  # fmt: skip
+                     "sim": {key: _median([r[key] for r in sims]) for key, _, _ in METRICS},
+                     "sim_runs": sims})  # fmt: skip
     return {"trace": trace, "edits": sum(1 for e in events if hasattr(e, "offset")), "upstream": described,
             "profile": spec.__repr__(), "rows": rows, "max_tokens": max_tokens,
             "accuracy": accuracy}  # fmt: skip
@@ -107,6 +132,11 @@ async def measure(
 def _median(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
+
+
+def _range(values: Sequence[float | None], spec: str) -> str:
+    seen = [v for v in values if v is not None]
+    return f"{spec.format(min(seen))}-{spec.format(max(seen))}" if len(seen) > 1 else "-"
 
 
 def _agrees(real: float | None, sim: float | None) -> bool:
@@ -120,16 +150,19 @@ def render(result: dict[str, Any], command: str) -> str:
     trace += f"; simulated accuracy {result.get('accuracy', 0):g}"
     runs = max((len(row.get("runs", [])) for row in result["rows"]), default=1) or 1
     real = "real" if runs == 1 else f"real: median of {runs}"
+    sim = "sim" if runs == 1 else f"sim: median of {runs}"
     lines = [f"`{command}`", "", trace,
              f"- real: {result['upstream']} (real time, through `bench replay`, {runs} run(s) a policy)",
              f"- sim: the lab in virtual time on {result['profile']}", "",
-             f"| policy | metric | {real} | real range | sim | within 15 % |", "|---|---|---|---|---|---|"]  # fmt: skip
+             f"| policy | metric | {real} | real range | {sim} | sim range | within 15 % |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in result["rows"]:
         for key, title, spec in METRICS:
             median, sim = row["real"][key], row["sim"][key]
             cells = [spec.format(v) if v is not None else "-" for v in (median, sim)]
-            seen = [r[key] for r in row.get("runs", []) if r[key] is not None]
-            spread = f"{spec.format(min(seen))}-{spec.format(max(seen))}" if len(seen) > 1 else "-"
+            ranges = [_range([r[key] for r in row.get(side, [])], spec) for side in ("runs", "sim_runs")]
             agree = "-" if key in INFORMATION else "yes" if _agrees(median, sim) else "**no**"
-            lines.append(f"| {row['policy']} | {title} | {cells[0]} | {spread} | {cells[1]} | {agree} |")
+            lines.append(
+                f"| {row['policy']} | {title} | {cells[0]} | {ranges[0]} | {cells[1]} | {ranges[1]} | {agree} |"
+            )
     return "\n".join(lines) + "\n"

@@ -136,9 +136,18 @@ def measure(
 
 
 def _point(team: Sequence[Accounting], alone: Sequence[Accounting]) -> dict[str, Any]:
-    latencies = [ms for acct in team for ms in acct.latencies_ms]
-    p95 = percentile(latencies, 95) if latencies else None
-    coverage = statistics.fmean(acct.pause_coverage or 0.0 for acct in team)
-    alone_coverage = statistics.fmean(acct.pause_coverage or 0.0 for acct in alone)
+    return judge([acct.latencies_ms for acct in team], [acct.pause_coverage for acct in team],
+                 [acct.pause_coverage for acct in alone])  # fmt: skip
+
+
+def judge(
+    latencies: Sequence[Sequence[float]], coverages: Sequence[float | None], alone: Sequence[float | None]
+) -> dict[str, Any]:
+    """The rule, for the lab's team and for a real one (`bench capacity`): each developer's pause-to-suggestion
+    times and pause coverage, and the same developers' coverage alone on the server."""
+    pooled = [ms for each in latencies for ms in each]
+    p95 = percentile(pooled, 95) if pooled else None
+    coverage = statistics.fmean(c or 0.0 for c in coverages)
+    alone_coverage = statistics.fmean(c or 0.0 for c in alone)
     carried = p95 is not None and p95 <= P95_LIMIT_MS and coverage >= COVERAGE_SHARE * alone_coverage
     return {"p95_ms": p95, "coverage": coverage, "alone_coverage": alone_coverage, "carried": carried}

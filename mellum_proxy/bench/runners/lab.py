@@ -150,7 +150,7 @@ async def _replay(
     max_tokens: int,
     pause_ms: float = 300,
 ) -> tuple[list[EditMark], list[RequestResult], SimEngine, dict[str, Any], RecentRecords | None]:
-    engine = SimEngine(spec)
+    engine = SimEngine(spec, seed=writer.seed)  # the server's luck and the model's, from one seed
     source = EngineSource(engine, writer, {})
     service = records = None
     if policy.settings is not None:

@@ -109,15 +109,19 @@ async def _run_developers(args: argparse.Namespace, policies: list[Policy], deve
 
 async def run_developers(
     policy: Policy, developers: Sequence[Sequence[Event]], upstream: str, pause_ms: float = 300,
-    max_gap_ms: float = 2000, max_tokens: int = 64, settings: dict[str, Any] | None = None,
+    max_gap_ms: float = 2000, max_tokens: int = 64, settings: dict[str, Any] | None = None, stagger_ms: float = 0.0,
 ) -> list[PolicyResult]:  # fmt: skip
-    """Each developer's trace at once, each through its own proxy (`developer_id` dev-1, dev-2, ...)."""
+    """Each developer's trace at once, each through its own proxy (`developer_id` dev-1, dev-2, ...), all in this
+    process; developer i starts typing `stagger_ms` x i after the first (the lab's capacity staggers so)."""
+    async with aiohttp.ClientSession() as session:
+        await wait_idle(session, upstream)
     runs = []
     for number, events in enumerate(developers, start=1):
         name = f"dev-{number}"
         options = None if policy.settings is None else {**policy.settings, "developer_id": name, **(settings or {})}
         runs.append(run_policy(replace(policy, name=f"{policy.name}/{name}", settings=options), list(events),
-                               upstream, pause_ms, max_gap_ms, max_tokens))  # fmt: skip
+                               upstream, pause_ms, max_gap_ms, max_tokens,
+                               start_after_ms=stagger_ms * (number - 1)))  # fmt: skip
     return list(await asyncio.gather(*runs))
 
 
@@ -158,13 +162,21 @@ async def run_policy(
     max_gap_ms: float = 2000,
     max_tokens: int = 64,
     progress: Callable[[int, int], None] | None = None,
+    start_after_ms: float | None = None,
 ) -> PolicyResult:
-    async with aiohttp.ClientSession() as session:
-        idle_wait_s = await wait_idle(session, upstream)
+    """One policy over `events`, typed in real time once the server is idle; with `start_after_ms` (one of
+    several developers at once), typed that long after the call instead, the server's idleness not awaited."""
+    idle_wait_s = None
+    if start_after_ms is None:
+        async with aiohttp.ClientSession() as session:
+            idle_wait_s = await wait_idle(session, upstream)
     async with aiohttp.ClientSession() as session, proxy_for(policy, upstream) as (url, app):
         plugin = Plugin(session, url + "/v1/completions", cancels=policy.plugin_cancel,
                         debounce_ms=policy.plugin_debounce_ms, max_tokens=max_tokens, stream=policy.oracle)  # fmt: skip
+        started = asyncio.get_running_loop().time()
         await _warm_up(plugin, events)
+        if start_after_ms:  # the workload's own schedule: this developer begins later
+            await asyncio.sleep(max(0.0, started + start_after_ms / 1000 - asyncio.get_running_loop().time()))
         before = await read_metrics(session, upstream)
         samples: list[tuple[float, float, float]] = []
         clock = Clock()

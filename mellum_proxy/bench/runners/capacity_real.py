@@ -1,0 +1,157 @@
+"""`mellum-proxy bench capacity`: how many developers one real server carries, direct against the proxy, beside
+the lab's answer for the same server.
+
+The lab's team (`mellum_proxy.bench.runners.capacity`) typed on a real scheduler: N developers at once, developer
+i typing trace i mod T from `STAGGER_MS` x i, each through a proxy of its own, all proxies and simulated plugins in
+this one process (so on a small machine they take one core, and the server has the other), in real time. The
+same rule judges both: pooled pause-to-suggestion p95 at most `P95_LIMIT_MS`, mean pause coverage at least
+`COVERAGE_SHARE` of the same developers' alone. N grows through the list until a step fails. The lab runs the
+same traces and counts in virtual time on the server's profile: one file, or `measure` (this server, profiled
+first, as `mellum-proxy profile` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mellum_proxy.bench.doubles.sim import profile
+from mellum_proxy.bench.reporting.writing import write_report
+from mellum_proxy.bench.runners.capacity import (
+    COVERAGE_SHARE,
+    P95_LIMIT_MS,
+    PAUSE_MS,
+    STAGGER_MS,
+    judge,
+    parse_developers,
+)
+from mellum_proxy.bench.runners.capacity import measure as lab_capacity
+from mellum_proxy.bench.runners.lab import MAX_GAP_MS
+from mellum_proxy.bench.runners.policy import Policy, parse_policy
+from mellum_proxy.bench.runners.replay import run_developers
+from mellum_proxy.bench.runners.upstreams import upstream_for
+from mellum_proxy.bench.workloads.convert import load_trace
+from mellum_proxy.bench.workloads.trace import Event, TraceError, limited
+from mellum_proxy.console import POSITIVE, command, fail
+from mellum_proxy.planner.profile import Profile, ProfileError
+from mellum_proxy.planner.profile import profile as measure_server
+from mellum_proxy.planner.server_profile import ServerProfile
+
+MEASURE = "measure"
+
+
+def add_commands(commands: Any) -> None:
+    capacity = command(commands, "capacity", "how many developers a real server carries, direct and through the "
+                       "proxy, beside the lab's answer", _capacity, out="capacity")  # fmt: skip
+    capacity.add_argument("traces", nargs="+", type=Path)
+    capacity.add_argument("--upstream", default="fast", help="the real server: fast (the fast model), embedded, a URL "
+                          "[default: fast]")  # fmt: skip
+    capacity.add_argument("--developers", default="1,2,4,8", metavar="N[,N...]",
+                          help="the counts to try, ascending [default: 1,2,4,8]")  # fmt: skip
+    capacity.add_argument("--policy", action="append", help="NAME[:key=value,...] [default: direct and defaults]")
+    capacity.add_argument("--limit-events", type=POSITIVE, default=300, help="edits per trace [default: 300]")
+    capacity.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
+    capacity.add_argument("--profile", default=MEASURE,
+                          help="the lab's server: the JSON of `mellum-proxy profile`, a sim profile, or 'measure' "
+                               "(profile this one first, kept as OUT/profile.json) [default: measure]")  # fmt: skip
+
+
+def _capacity(args: argparse.Namespace) -> None:
+    try:
+        counts = parse_developers(args.developers)
+        policies = [parse_policy(text) for text in args.policy or ("direct", "defaults")]
+        traces = [list(limited(load_trace(path), args.limit_events)) for path in args.traces]
+        spec = None if args.profile == MEASURE else profile(args.profile)
+    except (OSError, TraceError, ValueError) as exc:
+        fail(str(exc))
+
+    async def run() -> tuple[dict[str, Any], ServerProfile]:
+        async with upstream_for(args.upstream) as (url, described):
+            try:
+                measured = spec or await measure_server(url, described, print, shown_as="the server measured")
+            except ProfileError as exc:
+                fail(f"capacity --profile measure: {exc}")
+            real = await measure(traces, url, policies, counts, args.max_tokens)
+        return {"upstream": described, **real}, measured
+
+    result, measured = asyncio.run(run())
+    lab = lab_capacity(traces, [measured], policies, counts, 0.0, MAX_GAP_MS, args.max_tokens)
+    result |= {"lab_capacity": lab["capacity"], "lab_curve": lab["capacity_curve"], "profile": repr(measured),
+               "traces": [path.name for path in args.traces], "edits": args.limit_events}  # fmt: skip
+    write_report(args.out, "capacity", result, render)
+    if isinstance(measured, Profile):
+        (args.out / "profile.json").write_bytes(measured.as_json())
+        print(f"wrote {args.out / 'profile.json'}")
+
+
+async def measure(
+    traces: Sequence[Sequence[Event]], url: str, policies: Sequence[Policy], counts: Sequence[int], max_tokens: int,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:  # fmt: skip
+    """Per policy, the team at each count in real time until a count is not carried: `capacity` (the largest N
+    carried) and `capacity_curve` (every N tried), as the lab's capacity writes them."""
+    capacity, curve = [], []
+    for policy in policies:
+        alone: list[float | None] = []
+        for events in traces[: max(counts)]:  # each trace's developer alone: the coverage yardstick
+            (result,) = await run_developers(policy, [events], url, PAUSE_MS, MAX_GAP_MS, max_tokens)
+            alone.append(result.pause_coverage)
+        carried: dict[str, Any] = {"policy": policy.name, "developers": 0, "p95_ms": None, "coverage": None}
+        for n in counts:
+            team = await run_developers(policy, [traces[i % len(traces)] for i in range(n)], url, PAUSE_MS,
+                                        MAX_GAP_MS, max_tokens, stagger_ms=STAGGER_MS)  # fmt: skip
+            point = judge([r.latencies_ms for r in team], [r.pause_coverage for r in team],
+                          [alone[i % len(alone)] for i in range(n)])  # fmt: skip
+            point |= {"upstream_requests": sum(r.upstream_requests for r in team),
+                      "timeouts": sum(r.timeouts for r in team), "errors": sum(r.errors for r in team)}  # fmt: skip
+            curve.append({"policy": policy.name, "developers": n, **point})
+            progress(f"real {policy.name}, {n} developers: p95 {point['p95_ms'] or 0:.0f} ms, coverage "
+                     f"{point['coverage']:.0%} (alone {point['alone_coverage']:.0%}), "
+                     f"{'carried' if point['carried'] else 'not carried'}")  # fmt: skip
+            if not point["carried"]:
+                break
+            carried |= {"developers": n, "p95_ms": point["p95_ms"], "coverage": point["coverage"]}
+        capacity.append(carried)
+    return {"capacity": capacity, "capacity_curve": curve,
+            "capacity_rule": {"p95_limit_ms": P95_LIMIT_MS, "coverage_share": COVERAGE_SHARE,
+                              "stagger_ms": STAGGER_MS, "counts": list(counts)}}  # fmt: skip
+
+
+def render(result: dict[str, Any], command: str) -> str:
+    rule = result["capacity_rule"]
+    lines = [f"`{command}`", "",
+             f"- real: {result['upstream']}, in real time; {', '.join(result['traces'])}, {result['edits']} edits "
+             f"each; developer i starts {rule['stagger_ms']:.0f} ms x i after the first, all proxies in one process",
+             f"- lab: the same traces and counts in virtual time on {result['profile']}",
+             f"- carried: pooled pause-to-suggestion p95 <= {rule['p95_limit_ms']:.0f} ms and mean pause coverage >= "
+             f"{rule['coverage_share']:.0%} of the same developers' alone", "",
+             "| policy | carried: real | carried: lab |", "|---|---|---|"]  # fmt: skip
+    lab = {row["policy"]: row for row in result["lab_capacity"]}
+    for row in result["capacity"]:
+        lines.append(f"| {row['policy']} | {row['developers']} | {lab.get(row['policy'], {}).get('developers', '-')} |")
+    lines += ["", "| policy | developers | real p95 ms | lab p95 ms | real coverage | lab coverage | real requests | "
+              "lab requests | real carried | lab carried |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    sim = {(p["policy"], p["developers"]): p for p in result["lab_curve"]}
+    for point in result["capacity_curve"]:
+        other = sim.get((point["policy"], point["developers"]), {})
+        lines.append(
+            f"| {point['policy']} | {point['developers']} | {_ms(point.get('p95_ms'))} | {_ms(other.get('p95_ms'))} | "
+            f"{_share(point.get('coverage'))} | {_share(other.get('coverage'))} | {point['upstream_requests']} | "
+            f"{other.get('upstream_requests', '-')} | {_yes(point.get('carried'))} | {_yes(other.get('carried'))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _yes(value: bool | None) -> str:
+    return "-" if value is None else "yes" if value else "no"
