@@ -36,7 +36,7 @@ async def test_the_team_grows_until_a_count_is_not_carried_and_the_report_sets_t
 ) -> None:
     seen: list[str] = []
     real = await measure([burst_trace()], sim_url, [parse_policy("direct")], [1, 2], 4, progress=seen.append)
-    assert [line.split(":")[0] for line in seen] == ["real direct, 1 developers", "real direct, 2 developers"]
+    assert [line.split(":")[0] for line in seen] == ["real direct, 1 at once", "real direct, 2 at once"]
     assert [p["developers"] for p in real["capacity_curve"]] == [1, 2]
     assert [p["upstream_requests"] for p in real["capacity_curve"]] == [24, 48]  # the plugin's, every developer
     assert real["capacity"] == [{"policy": "direct", "developers": 2, "p95_ms": real["capacity_curve"][1]["p95_ms"],

@@ -108,7 +108,7 @@ async def measure(
             point |= {"upstream_requests": sum(r.upstream_requests for r in team),
                       "timeouts": sum(r.timeouts for r in team), "errors": sum(r.errors for r in team)}  # fmt: skip
             curve.append({"policy": policy.name, "developers": n, **point})
-            progress(f"real {policy.name}, {n} developers: p95 {point['p95_ms'] or 0:.0f} ms, coverage "
+            progress(f"real {policy.name}, {n} at once: p95 {point['p95_ms'] or 0:.0f} ms, coverage "
                      f"{point['coverage']:.0%} (alone {point['alone_coverage']:.0%}), "
                      f"{'carried' if point['carried'] else 'not carried'}")  # fmt: skip
             if not point["carried"]:
