@@ -1,6 +1,15 @@
-"""Server addresses as the proxy takes and shows them."""
+"""Server addresses as the proxy takes and shows them, and a free local port to start one on."""
 
 from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the bench's and fit's servers start on one)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def redact_url(url: str) -> str:

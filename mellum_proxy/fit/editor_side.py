@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from mellum_proxy.fit.candidates import Candidate
-from mellum_proxy.fit.launch import command_for, free_port, start
+from mellum_proxy.fit.launch import command_for, start
 from mellum_proxy.fit.measure import FitOptions
+from mellum_proxy.urls import free_port
 
 
 async def profile_chosen(candidate: Candidate, options: FitOptions, say: Callable[[str], None]) -> Any:

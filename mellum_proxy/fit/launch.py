@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import sys
 from dataclasses import dataclass, field
 
@@ -64,12 +63,6 @@ class Running:
 def _signal_session(sid: int, which: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(sid, which)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def command_for(candidate: Candidate, server_cmd: str | None, port: int, threads: int) -> list[str]:

@@ -22,13 +22,14 @@ import aiohttp
 from mellum_proxy.budget.tokenizers import CountingTokenizer, UpstreamTokenizer, upstream_counter
 from mellum_proxy.errors import UpstreamError
 from mellum_proxy.fit.candidates import Candidate
-from mellum_proxy.fit.launch import OOM, LoadFailed, Running, free_port, start
+from mellum_proxy.fit.launch import OOM, LoadFailed, Running, start
 from mellum_proxy.fit.memory import MemoryWatch
 from mellum_proxy.fit.quality import Quality, spot_check
 from mellum_proxy.planner.logs import parse_log
 from mellum_proxy.planner.profile import Prober, ProfileError, code_text
 from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.servers import discover
+from mellum_proxy.urls import free_port
 
 GIB_IN_MIB = 1024
 Counter = UpstreamTokenizer | CountingTokenizer

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -17,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from mellum_proxy.urls import free_port
 
 WANTED = os.environ.get("MELLUM_PROXY_TEST_VLLM") == "1"
 PYTHON = os.environ.get("MELLUM_PROXY_VLLM_PYTHON", ".venv-vllm/bin/python")
@@ -29,18 +30,12 @@ READY_S = 400  # 39-112 s on the 2-core machine; more when the machine is busy
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class VllmServer:
     """One vLLM process: `python -m vllm.entrypoints.openai.api_server` (the wheel's `vllm serve` looks for a
     distribution named `vllm` and fails), `--enforce-eager` (ready in about 40 s instead of 80-110)."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"mellum-proxy-vllm-{self.port}.log"

@@ -23,9 +23,10 @@ from typing import Any
 import aiohttp
 
 from mellum_proxy.bench.reporting.writing import measured
-from mellum_proxy.bench.runners.processes import busy_cores, free_port
+from mellum_proxy.bench.runners.processes import busy_cores
 from mellum_proxy.bench.workloads.corpus import CODE_DIR
 from mellum_proxy.console import INDEX, command
+from mellum_proxy.urls import free_port
 
 
 def add_commands(commands: Any) -> None:

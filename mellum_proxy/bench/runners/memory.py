@@ -20,9 +20,10 @@ import aiohttp
 
 from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.bench.reporting.writing import write_report
-from mellum_proxy.bench.runners.processes import free_port, rss_mib, wait_healthy
+from mellum_proxy.bench.runners.processes import rss_mib, wait_healthy
 from mellum_proxy.console import POSITIVE, command, fail
 from mellum_proxy.http import serve_app
+from mellum_proxy.urls import free_port
 
 
 def add_commands(commands: Any) -> None:

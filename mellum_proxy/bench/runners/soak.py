@@ -32,10 +32,11 @@ import orjson
 
 from mellum_proxy.bench.doubles.fault_upstream import FaultUpstream, SilentServer, captive_portal
 from mellum_proxy.bench.reporting.writing import write_report
-from mellum_proxy.bench.runners.processes import free_port, process_state, wait_healthy
+from mellum_proxy.bench.runners.processes import process_state, wait_healthy
 from mellum_proxy.console import INDEX, POSITIVE, command, fail, real
 from mellum_proxy.http import serve_app
 from mellum_proxy.telemetry.stats import read_log
+from mellum_proxy.urls import free_port
 
 
 def add_commands(commands: Any) -> None:

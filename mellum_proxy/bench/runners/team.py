@@ -33,13 +33,13 @@ from mellum_proxy.bench.reporting.team_report import developers_markdown, failov
 from mellum_proxy.bench.reporting.writing import command_line
 from mellum_proxy.bench.runners.playback import schedule
 from mellum_proxy.bench.runners.policy import Policy, parse_policy
-from mellum_proxy.bench.runners.processes import free_port
 from mellum_proxy.bench.runners.replay import run_developers
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.corpus import CODE_DIR, shipped_traces
 from mellum_proxy.bench.workloads.synth import synthesize_file
 from mellum_proxy.bench.workloads.trace import Event, TraceError, limited
 from mellum_proxy.console import POSITIVE, command, fail
+from mellum_proxy.urls import free_port
 
 log = logging.getLogger("mellum_proxy.bench")
 

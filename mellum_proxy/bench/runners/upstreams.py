@@ -54,20 +54,9 @@ async def upstream_for(spec: str) -> AsyncIterator[tuple[str, str]]:
 
 
 async def context_limit(url: str) -> int | None:
-    """Context per request: llama.cpp /props (per slot), else vLLM's /v1/models max_model_len."""
+    """Context per request, as the server's kind says it (`mellum_proxy.upstream.servers.discover`)."""
+    from mellum_proxy.upstream.client import UpstreamClient
+    from mellum_proxy.upstream.servers import discover
+
     async with aiohttp.ClientSession() as session:
-        for path in ("/props", "/v1/models"):
-            try:
-                async with session.get(url + path) as resp:
-                    body = await resp.json(content_type=None)
-            except Exception:  # any failure here means "not this server kind"
-                continue
-            if path == "/props" and isinstance(body, dict):
-                n_ctx = (body.get("default_generation_settings") or {}).get("n_ctx")
-                if isinstance(n_ctx, int):
-                    return n_ctx
-            if path == "/v1/models" and isinstance(body, dict):
-                for model in body.get("data") or []:
-                    if isinstance(model, dict) and isinstance(model.get("max_model_len"), int):
-                        return int(model["max_model_len"])
-    return None
+        return (await discover(UpstreamClient(session, url))).context
