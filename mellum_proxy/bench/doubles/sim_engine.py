@@ -18,7 +18,7 @@ depend on it:
 - A request's time varies from one request to the next as the server's measured `spread` says (a factor drawn
   for each task, log-normal, from a generator seeded at the engine's making, so a lab run repeats exactly),
   and a request that finds nothing running takes `idle_slowdown` times longer: a server a moment idle answers
-  slower than a busy one (measured by `mellum-proxy profile`: 1.2-1.4x on this project's 2-core VM).
+  slower than a busy one (measured by `mellum-proxy profile`: 1.26-1.48x on this project's 2-core VM).
 - The KV cache is split among the slots (`kv_tokens / slots` each, llama.cpp's `n_ctx` per slot): a prompt
   longer than a slot's context is refused at once (llama.cpp's 400 `exceed_context_size_error`); waiting in
   the queue takes none of it, so any number of tasks may wait (llama.cpp queues, it does not refuse).
