@@ -11,7 +11,9 @@ depend on it:
   Decoding of a streamed task stops at the next token once the client has gone.
 - A non-streamed task (`stream: false`) runs to its end whether or not its client is still there:
   measured on the embedded server, 300 abandoned 16-token requests decoded 4,800 tokens
-  (docs/measurements/runs/calibration).
+  (docs/measurements/runs/calibration). Not modelled yet: llama.cpp looks at a waiting non-streamed request's
+  connection once a second (`HTTP_POLLING_SECONDS`) and cancels it if the client has gone, so one that waits
+  longer than that in the queue is dropped there.
 - Each slot keeps its last prompt (the prompt cache); a task takes the free slot whose cache shares
   the longest prefix with its prompt, and only the rest is prefilled.
 - Prefill and decode slow down by `batch_penalty` for each other sequence running.
