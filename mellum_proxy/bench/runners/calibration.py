@@ -45,8 +45,8 @@ def add_commands(commands: Any) -> None:
                                 "(profile the real server first, as `mellum-proxy profile` does, and keep it as "
                                 "OUT/profile.json) [default: embedded-cpu]")  # fmt: skip
     calibrate.add_argument("--runs", type=POSITIVE, default=1,
-                           help="real replays of each policy, taking turns; the lab is held to their median "
-                                "[default: 1]")  # fmt: skip
+                           help="real replays of each policy, taking turns, and as many lab runs (seeds); median held "
+                                "to median [default: 1]")  # fmt: skip
     calibrate.add_argument("--upstream", default="embedded",
                            help="the real server: embedded, fast (the fast model), a URL")  # fmt: skip
     calibrate.add_argument("--accuracy", type=SHARE, default=0.0,
@@ -62,7 +62,7 @@ def _calibrate(args: argparse.Namespace) -> None:
 
     async def run() -> tuple[dict[str, Any], ServerProfile]:
         async with upstream_for(args.upstream) as (url, described):
-            measured = spec or await _profile(url, described)
+            measured = spec or await measured_profile(url, described)
             result = await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy,
                                    spec=measured, runs=args.runs)  # fmt: skip
             return result, measured
@@ -74,12 +74,12 @@ def _calibrate(args: argparse.Namespace) -> None:
         print(f"wrote {args.out / 'profile.json'}")
 
 
-async def _profile(url: str, described: str) -> Profile:
-    """The real server measured as `mellum-proxy profile` measures one."""
+async def measured_profile(url: str, described: str) -> Profile:
+    """The real server measured as `mellum-proxy profile` measures one (`--profile measure`)."""
     try:
-        return await measure_server(url, described, print, shown_as="the server calibrated")
+        return await measure_server(url, described, print, shown_as="the server measured")
     except ProfileError as exc:
-        fail(f"calibrate --profile measure: {exc}")
+        fail(f"--profile measure: {exc}")
 
 
 MEASURE = "measure"

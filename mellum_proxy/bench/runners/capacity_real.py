@@ -20,6 +20,7 @@ from typing import Any
 
 from mellum_proxy.bench.doubles.sim import profile
 from mellum_proxy.bench.reporting.writing import write_report
+from mellum_proxy.bench.runners.calibration import MEASURE, measured_profile
 from mellum_proxy.bench.runners.capacity import (
     COVERAGE_SHARE,
     P95_LIMIT_MS,
@@ -36,11 +37,8 @@ from mellum_proxy.bench.runners.upstreams import upstream_for
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.trace import Event, TraceError, limited
 from mellum_proxy.console import POSITIVE, command, fail
-from mellum_proxy.planner.profile import Profile, ProfileError
-from mellum_proxy.planner.profile import profile as measure_server
+from mellum_proxy.planner.profile import Profile
 from mellum_proxy.planner.server_profile import ServerProfile
-
-MEASURE = "measure"
 
 
 def add_commands(commands: Any) -> None:
@@ -70,10 +68,7 @@ def _capacity(args: argparse.Namespace) -> None:
 
     async def run() -> tuple[dict[str, Any], ServerProfile]:
         async with upstream_for(args.upstream) as (url, described):
-            try:
-                measured = spec or await measure_server(url, described, print, shown_as="the server measured")
-            except ProfileError as exc:
-                fail(f"capacity --profile measure: {exc}")
+            measured = spec or await measured_profile(url, described)
             real = await measure(traces, url, policies, counts, args.max_tokens)
         return {"upstream": described, **real}, measured
 
