@@ -69,9 +69,7 @@ def _calibrate(args: argparse.Namespace) -> None:
 
     result, measured = asyncio.run(run())
     write_report(args.out, "calibration", result, render)
-    if spec is None and isinstance(measured, Profile):
-        (args.out / "profile.json").write_bytes(measured.as_json())
-        print(f"wrote {args.out / 'profile.json'}")
+    keep_measured(args.out, measured)
 
 
 async def measured_profile(url: str, described: str) -> Profile:
@@ -80,6 +78,13 @@ async def measured_profile(url: str, described: str) -> Profile:
         return await measure_server(url, described, print, shown_as="the server measured")
     except ProfileError as exc:
         fail(f"--profile measure: {exc}")
+
+
+def keep_measured(out: Path, measured: ServerProfile) -> None:
+    """A profile `--profile measure` took, kept beside the report as `profile.json` (a named one is not)."""
+    if isinstance(measured, Profile):
+        (out / "profile.json").write_bytes(measured.as_json())
+        print(f"wrote {out / 'profile.json'}")
 
 
 MEASURE = "measure"

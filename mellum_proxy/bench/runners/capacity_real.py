@@ -20,7 +20,7 @@ from typing import Any
 
 from mellum_proxy.bench.doubles.sim import profile
 from mellum_proxy.bench.reporting.writing import write_report
-from mellum_proxy.bench.runners.calibration import MEASURE, measured_profile
+from mellum_proxy.bench.runners.calibration import MEASURE, keep_measured, measured_profile
 from mellum_proxy.bench.runners.capacity import (
     COVERAGE_SHARE,
     P95_LIMIT_MS,
@@ -37,7 +37,6 @@ from mellum_proxy.bench.runners.upstreams import upstream_for
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.trace import Event, TraceError, limited
 from mellum_proxy.console import POSITIVE, command, fail
-from mellum_proxy.planner.profile import Profile
 from mellum_proxy.planner.server_profile import ServerProfile
 
 
@@ -77,9 +76,7 @@ def _capacity(args: argparse.Namespace) -> None:
     result |= {"lab_capacity": lab["capacity"], "lab_curve": lab["capacity_curve"], "profile": repr(measured),
                "traces": [path.name for path in args.traces], "edits": args.limit_events}  # fmt: skip
     write_report(args.out, "capacity", result, render)
-    if isinstance(measured, Profile):
-        (args.out / "profile.json").write_bytes(measured.as_json())
-        print(f"wrote {args.out / 'profile.json'}")
+    keep_measured(args.out, measured)
 
 
 async def measure(
