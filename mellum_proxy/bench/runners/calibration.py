@@ -62,7 +62,7 @@ def _calibrate(args: argparse.Namespace) -> None:
 
     async def run() -> tuple[dict[str, Any], ServerProfile]:
         async with upstream_for(args.upstream) as (url, described):
-            measured = spec or await measured_profile(url, described)
+            measured = spec or await measured_profile(url, described, args.upstream)
             result = await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy,
                                    spec=measured, runs=args.runs)  # fmt: skip
             return result, measured
@@ -72,10 +72,10 @@ def _calibrate(args: argparse.Namespace) -> None:
     keep_measured(args.out, measured)
 
 
-async def measured_profile(url: str, described: str) -> Profile:
+async def measured_profile(url: str, described: str, upstream: str) -> Profile:
     """The real server measured as `mellum-proxy profile` measures one (`--profile measure`)."""
     try:
-        return await measure_server(url, described, print, shown_as="the server measured")
+        return await measure_server(url, described, print, shown_as=upstream)  # its source: `--upstream fast`
     except ProfileError as exc:
         fail(f"--profile measure: {exc}")
 

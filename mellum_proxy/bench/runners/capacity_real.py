@@ -67,7 +67,7 @@ def _capacity(args: argparse.Namespace) -> None:
 
     async def run() -> tuple[dict[str, Any], ServerProfile]:
         async with upstream_for(args.upstream) as (url, described):
-            measured = spec or await measured_profile(url, described)
+            measured = spec or await measured_profile(url, described, args.upstream)
             real = await measure(traces, url, policies, counts, args.max_tokens)
         return {"upstream": described, **real}, measured
 
