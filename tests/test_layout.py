@@ -143,6 +143,16 @@ def test_the_bench_floors_import_downwards_only() -> None:
     assert upward == []
 
 
+def test_every_report_is_rendered_in_reporting() -> None:
+    """One bench contract: a runner measures, its report module (`bench/reporting/`) renders; no runner writes
+    Markdown tables, plots or report JSON of its own."""
+    rendering = {"render", "table", "plot", "as_json", "markdown"}
+    runners = sorted((ROOT / "mellum_proxy/bench/runners").glob("*.py"))
+    found = [f"{path.name}: {node.name}" for path in runners for node in ast.parse(path.read_text()).body
+             if isinstance(node, ast.FunctionDef) and node.name in rendering]  # fmt: skip
+    assert found == []
+
+
 def test_no_module_is_over_400_lines() -> None:
     long = [f"{path.relative_to(ROOT)}: {n}" for package in PACKAGES for path in (ROOT / package).rglob("*.py")
             if (n := len(path.read_text().splitlines())) > 400]  # fmt: skip

@@ -4,7 +4,7 @@ proxy's policies replayed over the person's typing on that profile (`mellum-prox
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ async def profile_chosen(candidate: Candidate, options: FitOptions, say: Callabl
         await server.stop()
 
 
-def tune_on(measured: Any, traces: list[Path], limit_events: int, say: Callable[[str], None]) -> dict[str, Any]:
+def tune_on(measured: Any, traces: list[Path], limit_events: int, say: Callable[[str], None]) -> Mapping[str, Any]:
     """`mellum-proxy tune` over the traces on the measured profile.
 
     Raises:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mellum_proxy.bench.doubles.sim import PROFILES
-from mellum_proxy.bench.runners.calibration import measure, render
+from mellum_proxy.bench.reporting.calibration_report import render
+from mellum_proxy.bench.runners.calibration import measure
 from tests.bench.bursts import burst_trace
 
 pytestmark = pytest.mark.slow  # seconds of real time: in `make test`, not in `make test-fast`

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from mellum_proxy.bench.reporting.capacity_report import CapacityReport, render
 from mellum_proxy.bench.runners.capacity import P95_LIMIT_MS, judge
-from mellum_proxy.bench.runners.capacity_real import measure, render
+from mellum_proxy.bench.runners.capacity_real import measure
 from mellum_proxy.bench.runners.policy import parse_policy
 from mellum_proxy.bench.runners.replay import run_developers
 from mellum_proxy.cli import main
@@ -43,7 +44,7 @@ async def test_the_team_grows_until_a_count_is_not_carried_and_the_report_sets_t
                                  "coverage": 1.0}]  # fmt: skip
     lab_curve = [{"policy": "direct", "developers": 1, "p95_ms": 50.0, "coverage": 1.0, "upstream_requests": 24,
                   "carried": True}]  # fmt: skip
-    result = {"upstream": "sim", **real, "lab_capacity": [{"policy": "direct", "developers": 1}],
+    result: CapacityReport = {"upstream": "sim", **real, "lab_capacity": [{"policy": "direct", "developers": 1}],
               "lab_curve": lab_curve, "profile": "fast", "traces": ["bursts"], "edits": 24}  # fmt: skip
     table = render(result, "mellum-proxy bench capacity bursts")
     assert "| direct | 2 | 1 |" in table  # carried: real, lab

@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 
 from mellum_proxy.bench.doubles.responder import Responder
+from mellum_proxy.bench.reporting import ladder_report, quality_report
 from mellum_proxy.bench.runners import ladder, quality
 from mellum_proxy.bench.workloads.corpus import code_texts
 from mellum_proxy.budget import HfTokenizer
@@ -61,7 +62,7 @@ async def test_cells_count_requests_tokens_and_failures_by_kind(aiohttp_server: 
     assert summaries[0]["prompt_tokens"] == [10] and summaries[2]["prompt_tokens"] == [20]
     assert all(s["ttft_p50_ms"] is not None and s["ttft_p50_ms"] <= s["total_p50_ms"] for s in summaries)
     assert summaries[0]["vram_peak_mib"] is None  # no GPU sampler: null, not zero
-    table = ladder.table(cells)
+    table = ladder_report.table(cells)
     assert table.count("\n") == 5 and "out_of_memory (503) x1" in table
 
 
@@ -114,7 +115,7 @@ def test_splice_and_execute_the_canonical_line() -> None:
 def test_compare_lists_what_got_worse() -> None:
     a = {"tasks": [{"id": "t1", "exact": True}, {"id": "t2", "exact": False}, {"id": "t3", "exact": True}]}
     b = {"tasks": [{"id": "t1", "exact": False}, {"id": "t2", "exact": True}, {"id": "t3", "exact": True}]}
-    assert quality.compare(a, b) == {"scored_by": "exact", "common_tasks": 3, "worse": ["t1"], "better": ["t2"]}
+    assert quality_report.compare(a, b) == {"scored_by": "exact", "common_tasks": 3, "worse": ["t1"], "better": ["t2"]}
 
 
 def test_request_bodies() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mellum_proxy.bench.runners.lanes import MODES, measure, render
+from mellum_proxy.bench.reporting.lanes_report import render
+from mellum_proxy.bench.runners.lanes import MODES, measure
 
 pytestmark = pytest.mark.slow  # four runs of real time
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from mellum_proxy.bench.runners.overhead import RELAYS, measure, render
+from mellum_proxy.bench.reporting.overhead_report import render
+from mellum_proxy.bench.runners.overhead import RELAYS, measure
 from mellum_proxy.cli import main
 from mellum_proxy.config import default_log_path
 

@@ -5,14 +5,34 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from mellum_proxy.bench.reporting.capacity_report import lab_capacity_lines
+from mellum_proxy.bench.reporting.cells import cell
 from mellum_proxy.bench.reporting.results import LabResult
 from mellum_proxy.bench.workloads.editor import no_foresight_floor
 from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.telemetry.stats import percentile
+
+
+class Lab(TypedDict):
+    """`lab.json` (and `command`, added as it is written); with `--developers`, a `CapacityRun`'s keys too."""
+
+    accuracy: float
+    max_tokens: int
+    limit_events: int
+    profiles: dict[str, str]  # name: where its figures come from
+    runs: list[dict[str, Any]]  # one per profile x trace x policy
+    targets: list[dict[str, Any]]
+    bound: dict[str, list[tuple[float, float]]]  # per profile, the no-foresight bound on the frontier plot
+    frontier: dict[str, list[str]]
+    means: dict[str, list[dict[str, Any]]]
+    foresight: dict[str, Any] | None
+    capacity: NotRequired[list[dict[str, Any]]]
+    capacity_curve: NotRequired[list[dict[str, Any]]]
+    capacity_rule: NotRequired[dict[str, Any]]
 
 
 def summarize(
@@ -22,7 +42,7 @@ def summarize(
     max_tokens: int,
     limit_events: int,
     gaps: dict[str, list[float]] | None = None,
-) -> dict[str, Any]:
+) -> Lab:
     """The runs, the targets, and per profile the means over traces and their Pareto frontier.
 
     `gaps`: per trace, the gap after each edit as played; with them each target row carries the no-foresight floor
@@ -165,12 +185,6 @@ def _means(runs: Sequence[LabResult], prof: str) -> list[LabResult]:
     return means
 
 
-def _fmt(value: Any, spec: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return spec.format(value)
-
-
 COLUMNS = [
     ("trace", "trace", "{}"), ("policy", "policy", "{}"), ("edits", "edits", "{}"), ("pauses", "pauses", "{}"),
     ("pause_coverage", "pause coverage", "{:.1%}"), ("latency_p50_ms", "p50 ms", "{:.0f}"),
@@ -184,11 +198,11 @@ COLUMNS = [
 
 def _table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]] = COLUMNS) -> list[str]:
     lines = ["| " + " | ".join(title for _, title, _ in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(row.get(key), spec) for key, _, spec in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(cell(row.get(key), spec) for key, _, spec in columns) + " |" for row in rows]
     return lines
 
 
-def render(result: dict[str, Any], command: str) -> str:
+def render(result: Lab, command: str) -> str:
     intro = (
         "Virtual time (`mellum_proxy/bench/runners/lab.py`): the proxy's real service and policies in front of "
         "the simulated server; "
@@ -223,7 +237,7 @@ def render(result: dict[str, Any], command: str) -> str:
                  for k in ("coverage", "p95", "requests", "waste")]  # fmt: skip
         tail = f" {met_by['all']}/{row['policies']} |" if met_by else ""
         lines.append(f"| {row['profile']} | {row['trace']} | " + " | ".join(cells) + f" | {bound} |" + tail)
-    lines += _foresight_lines(result.get("foresight")) + _capacity_lines(result)
+    lines += _foresight_lines(result.get("foresight")) + lab_capacity_lines(result)
     for prof, source in result["profiles"].items():
         lines += ["", f"## {prof}", "", f"Server: {source}.", ""]
         rows = [r for r in result["runs"] if r["profile"] == prof and r["policy"] in NAMED]
@@ -242,7 +256,7 @@ NAMED = ("direct", "oracle", "defaults", "foresight")  # the policies each profi
 PLOT_COLUMNS = 3  # panels a row in frontier.png
 
 
-def plot(result: dict[str, Any], path: Path, highlight: str | None = None) -> None:
+def plot(result: Mapping[str, Any], path: Path, highlight: str | None = None) -> None:
     """Upstream requests per edit against p95, one panel per server; colour: coverage; frontier ringed;
     `highlight`: one more policy to name (tune's choice)."""
     import matplotlib
@@ -338,60 +352,3 @@ def _foresight_lines(foresight: dict[str, Any] | None) -> list[str]:
                      f"| {marks[row['coverage']]} | {marks[row['p95']]} | {marks[row['not_worse']]} "
                      f"| {'yes' if row['over_floor'] else '-'} |")  # fmt: skip
     return lines
-
-
-def _capacity_lines(result: dict[str, Any]) -> list[str]:
-    if not result.get("capacity"):
-        return []
-    rule = result["capacity_rule"]
-    lines = ["", "## Developers per server", "",
-             f"N developers typing at once on one server (developer i types trace i mod the number of traces, "
-             f"{rule['stagger_ms']:.0f} ms x i later), each through a proxy of its own; counts tried: "
-             f"{', '.join(map(str, rule['counts']))}. Carried: the pooled pause-to-suggestion p95 <= "
-             f"{rule['p95_limit_ms']:.0f} ms and the mean pause coverage >= {rule['coverage_share']:.0%} of the same "
-             "developers' alone. `capacity.png`: p95 against N." + _chatting(rule), "",
-             "| profile | policy | developers carried | p95 ms | coverage |", "|---|---|---|---|---|"]  # fmt: skip
-    for row in result["capacity"]:
-        lines.append(f"| {row['profile']} | {row['policy']} | {row['developers']} | {_fmt(row['p95_ms'], '{:.0f}')} "
-                     f"| {_fmt(row['coverage'], '{:.1%}')} |")  # fmt: skip
-    return lines
-
-
-def plot_capacity(result: dict[str, Any], path: Path) -> None:
-    """Pooled p95 against developers, one panel per profile, one line per policy; the p95 limit dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
-
-    profiles = list(dict.fromkeys(point["profile"] for point in result["capacity_curve"]))
-    columns = min(PLOT_COLUMNS, len(profiles))
-    rows = math.ceil(len(profiles) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4.5 * rows), squeeze=False)
-    for axis in axes.flat[len(profiles) :]:
-        axis.set_visible(False)
-    for axis, prof in zip(axes.flat, profiles, strict=False):
-        points = [p for p in result["capacity_curve"] if p["profile"] == prof and p["p95_ms"] is not None]
-        for policy in dict.fromkeys(p["policy"] for p in points):
-            mine = [p for p in points if p["policy"] == policy]
-            axis.plot([p["developers"] for p in mine], [p["p95_ms"] for p in mine], marker="o", label=policy)
-        axis.axhline(result["capacity_rule"]["p95_limit_ms"], color="grey", linestyle="--", linewidth=1)
-        axis.set_xscale("log", base=2)
-        counts = result["capacity_rule"]["counts"]
-        axis.xaxis.set_major_locator(FixedLocator(counts))  # the counts tried, as numbers (not 2^4)
-        axis.xaxis.set_major_formatter(FormatStrFormatter("%d"))
-        axis.xaxis.set_minor_formatter(NullFormatter())
-        axis.set_title(f"{prof}: pooled p95 by developers")
-        axis.set_xlabel("developers on one server")
-        axis.set_ylabel("pause->shown p95 (ms)")
-        axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(figure)
-
-
-def _chatting(rule: dict[str, Any]) -> str:
-    share = rule.get("chat_share") or 0.0
-    chats = f"{rule.get('chat_tokens')}-token answers one after another on the same server, through the developer's"
-    return f" {share:.0%} of each team also chats: {chats} own proxy (its bulk lane), or direct." if share else ""

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from mellum_proxy.bench.reporting.cells import cell
 from mellum_proxy.bench.reporting.results import PolicyResult
 from mellum_proxy.bench.reporting.writing import command_line
 from mellum_proxy.console import command, fail
@@ -66,10 +67,6 @@ COLUMNS = [
 ]
 
 
-def _cell(value: Any, fmt: str) -> str:
-    return "-" if value is None else fmt.format(value)
-
-
 ORACLE_COLUMNS = [("requests_x_oracle", "requests / oracle", "{:.2f}"), ("p95_x_oracle", "p95 / oracle", "{:.2f}")]
 
 
@@ -87,7 +84,7 @@ def markdown(results: list[PolicyResult], command: str, notes: list[str]) -> str
         if oracle is not None:
             row["requests_x_oracle"] = _ratio(result.upstream_requests, oracle.upstream_requests)
             row["p95_x_oracle"] = _ratio(result.latency_p95_ms, oracle.latency_p95_ms)
-        lines.append("| " + " | ".join(_cell(row[key], fmt) for key, _, fmt in columns) + " |")
+        lines.append("| " + " | ".join(cell(row[key], fmt) for key, _, fmt in columns) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,9 @@
 """What every bench command shares to show its result: the command line as a reader would retype it,
-`NAME.json` and `NAME.md` written together, and a progress bar. (Its parser comes from `console.command`.)"""
+`NAME.json` and `NAME.md` written together, and a progress bar. (Its parser comes from `console.command`.)
+
+The contract: a runner's `measure` returns its report's typed result (a `TypedDict` in `bench/reporting/`, the
+JSON's keys), and that module's `render(result, command)` writes the Markdown; `measured` or `write_report` joins
+the two."""
 
 from __future__ import annotations
 
@@ -7,15 +11,16 @@ import argparse
 import asyncio
 import shlex
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from mellum_proxy.console import fail
 
-Render = Callable[[dict[str, Any], str], str]
+Result = TypeVar("Result", bound=Mapping[str, Any])  # a report's typed result (a TypedDict)
+Render = Callable[[Result, str], str]  # a report module's `render(result, command)`
 
 
 def command_line(prefix: str = "mellum-proxy bench", skip: int = 2) -> str:
@@ -26,13 +31,13 @@ def command_line(prefix: str = "mellum-proxy bench", skip: int = 2) -> str:
     return f"{prefix} " + " ".join(arg if arg.startswith("~/") else shlex.quote(arg) for arg in args)
 
 
-def write_report(out: Path, name: str, result: dict[str, Any], render: Render) -> None:
+def write_report(out: Path, name: str, result: Result, render: Render[Result]) -> None:
     """`NAME.json` and `NAME.md` in `out`, and the Markdown on stdout."""
     command = command_line()
     text = render(result, command)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{name}.json").write_bytes(orjson.dumps(result | {"command": command}))
+        (out / f"{name}.json").write_bytes(orjson.dumps({**result, "command": command}))
         (out / f"{name}.md").write_text(text)
     except OSError as exc:
         fail(f"cannot write {out}: {exc.strerror}")
@@ -60,7 +65,9 @@ def progress_bar(name: str, total: int) -> Callable[[int, int], None] | None:
 
 
 def measured(
-    name: str, measure: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]], render: Render
+    name: str,
+    measure: Callable[[argparse.Namespace], Coroutine[Any, Any, Result]],
+    render: Render[Result],
 ) -> Callable[[argparse.Namespace], None]:
     """A command's handler: run `measure(args)`, then write `NAME.json` and `NAME.md` in `--out`."""
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mellum_proxy.bench.doubles.sim import profile
+from mellum_proxy.bench.reporting.calibration_report import METRICS, Calibration, CalibrationRow, render
 from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.lab import run_lab
 from mellum_proxy.bench.runners.policy import Policy
@@ -60,7 +61,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     except (OSError, TraceError, ValueError) as exc:
         fail(str(exc))
 
-    async def run() -> tuple[dict[str, Any], ServerProfile]:
+    async def run() -> tuple[Calibration, ServerProfile]:
         async with upstream_for(args.upstream) as (url, described):
             measured = spec or await measured_profile(url, described, args.upstream)
             result = await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy,
@@ -88,22 +89,13 @@ def keep_measured(out: Path, measured: ServerProfile) -> None:
 
 
 MEASURE = "measure"
-TOLERANCE = 0.15
-METRICS = (
-    ("pause_coverage", "pause coverage", "{:.0%}"),
-    ("latency_p95_ms", "p95 ms", "{:.0f}"),
-    ("peak_held", "server peak held", "{:.0f}"),
-    ("upstream_requests", "upstream requests", "{:.0f}"),
-    ("predicted_chars", "predicted chars", "{:.0f}"),
-)
-INFORMATION = {"predicted_chars"}  # shown, not held to the tolerance
 POLICIES: tuple[tuple[str, dict[str, Any] | None], ...] = (("direct", None), ("defaults", {}))
 
 
 async def measure(
     events: Sequence[Event], trace: str, url: str, described: str, max_tokens: int, accuracy: float,
     progress: Callable[[str], None] = print, spec: ServerProfile | None = None, runs: int = 1,
-) -> dict[str, Any]:  # fmt: skip
+) -> Calibration:  # fmt: skip
     """Each policy `runs` times on the real server (taking turns) and `runs` times in the lab (seeds 0.., each its
     own luck where the profile has a `spread`); per metric each side's runs and their median."""
     spec = spec or profile("embedded-cpu")
@@ -116,7 +108,7 @@ async def measure(
             real_runs[name].append({"pause_coverage": real.pause_coverage, "latency_p95_ms": real.latency_p95_ms,
                                     "peak_held": real.max_inflight, "upstream_requests": real.upstream_requests,
                                     "predicted_chars": real.predicted_chars})  # fmt: skip
-    rows = []
+    rows: list[CalibrationRow] = []
     for name, settings in POLICIES:
         labs = [
             await asyncio.to_thread(
@@ -126,48 +118,13 @@ async def measure(
         ]  # fmt: skip (its own virtual-time loop; a seed is a run's luck)
         sims = [{key: getattr(lab, key) for key, _, _ in METRICS} for lab in labs]
         median = {key: _median([r[key] for r in real_runs[name]]) for key, _, _ in METRICS}
-        rows.append({"policy": name, "real": median, "runs": real_runs[name],
-                     "sim": {key: _median([r[key] for r in sims]) for key, _, _ in METRICS},
-                     "sim_runs": sims})  # fmt: skip
-    return {"trace": trace, "edits": sum(1 for e in events if hasattr(e, "offset")), "upstream": described,
-            "profile": spec.__repr__(), "rows": rows, "max_tokens": max_tokens,
-            "accuracy": accuracy}  # fmt: skip
+        rows.append(CalibrationRow(policy=name, real=median, runs=real_runs[name],
+                                   sim={key: _median([r[key] for r in sims]) for key, _, _ in METRICS},
+                                   sim_runs=sims))  # fmt: skip
+    return Calibration(trace=trace, edits=sum(1 for e in events if hasattr(e, "offset")), upstream=described,
+                       profile=repr(spec), rows=rows, max_tokens=max_tokens, accuracy=accuracy)  # fmt: skip
 
 
 def _median(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
-
-
-def _range(values: Sequence[float | None], spec: str) -> str:
-    seen = [v for v in values if v is not None]
-    return f"{spec.format(min(seen))}-{spec.format(max(seen))}" if len(seen) > 1 else "-"
-
-
-def _agrees(real: float | None, sim: float | None) -> bool:
-    if real is None or sim is None:
-        return False
-    return abs(sim - real) <= TOLERANCE * max(abs(real), 1e-9)
-
-
-def render(result: dict[str, Any], command: str) -> str:
-    trace = f"- trace: {result['trace']}, {result['edits']} edits, {result['max_tokens']} tokens asked"
-    trace += f"; simulated accuracy {result.get('accuracy', 0):g}"
-    runs = max((len(row.get("runs", [])) for row in result["rows"]), default=1) or 1
-    real = "real" if runs == 1 else f"real: median of {runs}"
-    sim = "sim" if runs == 1 else f"sim: median of {runs}"
-    lines = [f"`{command}`", "", trace,
-             f"- real: {result['upstream']} (real time, through `bench replay`, {runs} run(s) a policy)",
-             f"- sim: the lab in virtual time on {result['profile']}", "",
-             f"| policy | metric | {real} | real range | {sim} | sim range | within 15 % |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for row in result["rows"]:
-        for key, title, spec in METRICS:
-            median, sim = row["real"][key], row["sim"][key]
-            cells = [spec.format(v) if v is not None else "-" for v in (median, sim)]
-            ranges = [_range([r[key] for r in row.get(side, [])], spec) for side in ("runs", "sim_runs")]
-            agree = "-" if key in INFORMATION else "yes" if _agrees(median, sim) else "**no**"
-            lines.append(
-                f"| {row['policy']} | {title} | {cells[0]} | {ranges[0]} | {cells[1]} | {ranges[1]} | {agree} |"
-            )
-    return "\n".join(lines) + "\n"

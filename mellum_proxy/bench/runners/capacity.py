@@ -19,6 +19,7 @@ from typing import Any
 
 from mellum_proxy.assembly import build_service
 from mellum_proxy.bench.doubles.sim_engine import SimEngine
+from mellum_proxy.bench.reporting.capacity_report import CapacityRun
 from mellum_proxy.bench.runners.lab_parts import EngineSource, LabEditor, Writer
 from mellum_proxy.bench.runners.playback import Clock, pause_starts, play
 from mellum_proxy.bench.runners.policy import Policy
@@ -109,7 +110,7 @@ def measure(
     traces: Sequence[Sequence[Event]], specs: Sequence[ServerProfile], policies: Sequence[Policy],
     counts: Sequence[int], accuracy: float, max_gap_ms: float, max_tokens: int,
     progress: Callable[[str], None] = print, chat_share: float = 0.0,
-) -> dict[str, Any]:  # fmt: skip
+) -> CapacityRun:  # fmt: skip
     """`capacity` (the largest N carried, per profile and policy) and `capacity_curve` (every N tried); with
     `chat_share`, that share of each team also chats (its alone runs do not: the yardstick stays typing alone)."""
     capacity, curve = [], []

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mellum_proxy.bench.doubles.sim import profile
+from mellum_proxy.bench.reporting.capacity_report import CapacityReport, CapacityRun, render
 from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.calibration import MEASURE, keep_measured, measured_profile
 from mellum_proxy.bench.runners.capacity import (
@@ -65,16 +66,16 @@ def _capacity(args: argparse.Namespace) -> None:
     except (OSError, TraceError, ValueError) as exc:
         fail(str(exc))
 
-    async def run() -> tuple[dict[str, Any], ServerProfile]:
+    async def run() -> tuple[CapacityRun, str, ServerProfile]:
         async with upstream_for(args.upstream) as (url, described):
             measured = spec or await measured_profile(url, described, args.upstream)
-            real = await measure(traces, url, policies, counts, args.max_tokens)
-        return {"upstream": described, **real}, measured
+            return await measure(traces, url, policies, counts, args.max_tokens), described, measured
 
-    result, measured = asyncio.run(run())
+    real, described, measured = asyncio.run(run())
     lab = lab_capacity(traces, [measured], policies, counts, 0.0, MAX_GAP_MS, args.max_tokens)
-    result |= {"lab_capacity": lab["capacity"], "lab_curve": lab["capacity_curve"], "profile": repr(measured),
-               "traces": [path.name for path in args.traces], "edits": args.limit_events}  # fmt: skip
+    result: CapacityReport = {"upstream": described, **real, "lab_capacity": lab["capacity"],
+                              "lab_curve": lab["capacity_curve"], "profile": repr(measured),
+                              "traces": [path.name for path in args.traces], "edits": args.limit_events}  # fmt: skip
     write_report(args.out, "capacity", result, render)
     keep_measured(args.out, measured)
 
@@ -82,7 +83,7 @@ def _capacity(args: argparse.Namespace) -> None:
 async def measure(
     traces: Sequence[Sequence[Event]], url: str, policies: Sequence[Policy], counts: Sequence[int], max_tokens: int,
     progress: Callable[[str], None] = print,
-) -> dict[str, Any]:  # fmt: skip
+) -> CapacityRun:  # fmt: skip
     """Per policy, the team at each count in real time until a count is not carried: `capacity` (the largest N
     carried) and `capacity_curve` (every N tried), as the lab's capacity writes them."""
     capacity, curve = [], []
@@ -110,40 +111,3 @@ async def measure(
     return {"capacity": capacity, "capacity_curve": curve,
             "capacity_rule": {"p95_limit_ms": P95_LIMIT_MS, "coverage_share": COVERAGE_SHARE,
                               "stagger_ms": STAGGER_MS, "counts": list(counts)}}  # fmt: skip
-
-
-def render(result: dict[str, Any], command: str) -> str:
-    rule = result["capacity_rule"]
-    lines = [f"`{command}`", "",
-             f"- real: {result['upstream']}, in real time; {', '.join(result['traces'])}, {result['edits']} edits "
-             f"each; developer i starts {rule['stagger_ms']:.0f} ms x i after the first, all proxies in one process",
-             f"- lab: the same traces and counts in virtual time on {result['profile']}",
-             f"- carried: pooled pause-to-suggestion p95 <= {rule['p95_limit_ms']:.0f} ms and mean pause coverage >= "
-             f"{rule['coverage_share']:.0%} of the same developers' alone", "",
-             "| policy | carried: real | carried: lab |", "|---|---|---|"]  # fmt: skip
-    lab = {row["policy"]: row for row in result["lab_capacity"]}
-    for row in result["capacity"]:
-        lines.append(f"| {row['policy']} | {row['developers']} | {lab.get(row['policy'], {}).get('developers', '-')} |")
-    lines += ["", "| policy | developers | real p95 ms | lab p95 ms | real coverage | lab coverage | real requests | "
-              "lab requests | real carried | lab carried |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    sim = {(p["policy"], p["developers"]): p for p in result["lab_curve"]}
-    for point in result["capacity_curve"]:
-        other = sim.get((point["policy"], point["developers"]), {})
-        lines.append(
-            f"| {point['policy']} | {point['developers']} | {_ms(point.get('p95_ms'))} | {_ms(other.get('p95_ms'))} | "
-            f"{_share(point.get('coverage'))} | {_share(other.get('coverage'))} | {point['upstream_requests']} | "
-            f"{other.get('upstream_requests', '-')} | {_yes(point.get('carried'))} | {_yes(other.get('carried'))} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
-def _yes(value: bool | None) -> str:
-    return "-" if value is None else "yes" if value else "no"

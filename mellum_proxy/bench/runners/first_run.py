@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from mellum_proxy.bench.reporting.first_run_report import FirstRun, render
 from mellum_proxy.bench.reporting.writing import measured
 from mellum_proxy.bench.runners.processes import busy_cores
 from mellum_proxy.bench.workloads.corpus import CODE_DIR
@@ -31,8 +32,7 @@ from mellum_proxy.urls import free_port
 
 def add_commands(commands: Any) -> None:
     about = "a newcomer's `make run`: time to healthy, to the first completion, and what six completions show"
-    handler = measured("first-run", lambda args: run(args.busy, extra=tuple(args.serve_args)),
-                       lambda result, command: render(result))  # fmt: skip
+    handler = measured("first-run", lambda args: run(args.busy, extra=tuple(args.serve_args)), render)
     first = command(commands, "first-run", about, handler, out="first-run")
     first.add_argument("--busy", type=INDEX, default=1, help="processes keeping a core busy meanwhile [default: 1]")
     first.add_argument("serve_args", nargs="*", help="extra `serve` flags, after --")
@@ -73,7 +73,7 @@ def cursor_at(source: str, line_start: str) -> tuple[str, str]:
     return source[:at], source[line_end:]
 
 
-async def run(busy: int = 1, timeout_s: float = 300.0, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+async def run(busy: int = 1, timeout_s: float = 300.0, extra: tuple[str, ...] = ()) -> FirstRun:
     """Start the proxy as `make run` does, wait for it, then complete at each of `POSITIONS`."""
     source = (CODE_DIR / "inventory.py").read_text()
     port = free_port()
@@ -87,16 +87,25 @@ async def run(busy: int = 1, timeout_s: float = 300.0, extra: tuple[str, ...] = 
         started = time.monotonic()
         server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # noqa: ASYNC220
         try:
-            result = await _measure(f"http://127.0.0.1:{port}", source, started, timeout_s)
+            healthy_s, health_ms, completed = await _measure(f"http://127.0.0.1:{port}", source, started, timeout_s)
         finally:
             server.send_signal(signal.SIGTERM)
             output, _ = server.communicate(timeout=60)
             for part in log.parent.glob(log.name + "*"):
                 part.unlink(missing_ok=True)
-    result["startup_lines"] = [line for line in output.splitlines() if line.strip()][:40]
-    result["busy_processes"] = busy
-    result["command"] = " ".join(["mellum-proxy", *command[3:]])
-    return result
+    serve_command = " ".join(["mellum-proxy", *command[3:]])
+    return FirstRun(
+        healthy_s=healthy_s,
+        first_completion_s=completed["first_completion_s"],
+        good=completed["good"],
+        completions=completed["completions"],
+        health_ms=health_ms,
+        health_watch_s=HEALTH_WATCH_S,
+        busy_processes=busy,
+        serve_command=serve_command,
+        command=serve_command,
+        startup_lines=[line for line in output.splitlines() if line.strip()][:40],
+    )
 
 
 async def _watch_health(
@@ -136,7 +145,10 @@ async def _watch_health(
     return [ms for asked, ms in answers if asked >= first_ok_asked[0]]
 
 
-async def _measure(url: str, source: str, started: float, timeout_s: float) -> dict[str, Any]:
+async def _measure(
+    url: str, source: str, started: float, timeout_s: float
+) -> tuple[float, dict[str, float | int], dict[str, Any]]:
+    """Seconds to healthy, `/health`'s answer times from then on, and the completions."""
     async with aiohttp.ClientSession() as session:
         healthy: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         watch = asyncio.create_task(_watch_health(session, url, healthy, timeout_s))
@@ -144,7 +156,7 @@ async def _measure(url: str, source: str, started: float, timeout_s: float) -> d
         healthy_s = waited + await healthy
         result = await _complete(session, url, source, started)
         health_ms = sorted(await watch)
-    return {"healthy_s": healthy_s, **result, "health_ms": _summary(health_ms)}
+    return healthy_s, _summary(health_ms), result
 
 
 def _summary(times: list[float]) -> dict[str, float | int]:
@@ -175,25 +187,3 @@ async def _complete(session: aiohttp.ClientSession, url: str, source: str, start
         "good": sum(s.good for s in shown),
         "completions": [asdict(s) | {"good": s.good} for s in shown],
     }
-
-
-def render(result: dict[str, Any]) -> str:
-    health = result["health_ms"]
-    lines = [
-        f"`{result['command']}` with {result['busy_processes']} other process(es) keeping a core busy",
-        "",
-        f"- healthy after {result['healthy_s']:.1f} s; first completion after {result['first_completion_s']:.1f} s",
-        f"- `/health` from its first ok answer on, for {HEALTH_WATCH_S:.0f} s, asked every 20 ms (each probe on "
-        f"its own) while the completions ran: p50 {health['p50']} ms, p99 {health['p99']} ms, max {health['max']} ms "
-        f"({health['count']} answers; target p99 <= 50 ms)",
-        f"- {result['good']} of {len(result['completions'])} completions shown whole (not empty, not cut by "
-        "the deadline, no FIM marker)",
-        "",
-        "| cursor after | outcome | finish | ms | completion |",
-        "|---|---|---|---|---|",
-    ]
-    for item in result["completions"]:
-        text = item["text"].replace("\n", "⏎").replace("|", "\\|")
-        lines.append(f"| `{item['position']}` | {item['outcome']} | {item['finish_reason']} | "
-                     f"{item['total_ms']:.0f} | `{text[:80]}` |")  # fmt: skip
-    return "\n".join(lines) + "\n"

@@ -25,6 +25,8 @@ from mellum_proxy.assembly import build_service
 from mellum_proxy.bench.doubles.sim import profile
 from mellum_proxy.bench.doubles.sim_engine import SimEngine
 from mellum_proxy.bench.reporting import lab_report
+from mellum_proxy.bench.reporting.capacity_report import plot_capacity
+from mellum_proxy.bench.reporting.lab_report import Lab
 from mellum_proxy.bench.reporting.results import LabResult, Seen
 from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.lab_parts import EngineSource, LabEditor, Writer
@@ -87,7 +89,7 @@ def _lab(args: argparse.Namespace) -> None:
     lab_report.plot(result, args.out / "frontier.png")
     print(f"wrote {args.out}/frontier.png")
     if counts:
-        lab_report.plot_capacity(result, args.out / "capacity.png")
+        plot_capacity(result, args.out / "capacity.png")
         print(f"wrote {args.out}/capacity.png")
 
 
@@ -95,7 +97,7 @@ def measure(
     trace_paths: Sequence[Path], profiles: Sequence[str] | None, policy_texts: Sequence[str] | None, with_grid: bool,
     accuracy: float, limit_events: int, max_tokens: int, progress: Callable[[str], None] = print,
     developers: Sequence[int] | None = None, chat_share: float = 0.0,
-) -> dict[str, Any]:  # fmt: skip
+) -> Lab:  # fmt: skip
     """Every policy over every trace on every profile; the result `lab_report.render` shows. `developers`: also
     the capacity (`mellum_proxy.bench.runners.capacity`) at these counts."""
     specs = [profile(name) for name in profiles or DEFAULT_PROFILES]
@@ -116,8 +118,10 @@ def measure(
     if developers:
         from mellum_proxy.bench.runners import capacity
 
-        result |= capacity.measure([events for _, events in traces], specs, policies, developers, accuracy,
-                                   MAX_GAP_MS, max_tokens, progress, chat_share)  # fmt: skip
+        team = capacity.measure([events for _, events in traces], specs, policies, developers, accuracy,
+                                MAX_GAP_MS, max_tokens, progress, chat_share)  # fmt: skip
+        result["capacity"], result["capacity_curve"] = team["capacity"], team["capacity_curve"]
+        result["capacity_rule"] = team["capacity_rule"]
     return result
 
 

@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 
 from mellum_proxy.bench.doubles.sim import SimServer, profile
+from mellum_proxy.bench.reporting.lanes_report import Lanes, render
 from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.upstreams import upstream_for
 from mellum_proxy.config import Settings
@@ -81,7 +82,7 @@ async def two_slots(spec: str) -> AsyncIterator[tuple[str, str]]:
 async def measure(
     upstream: str, seconds: float, every_ms: float, chats: int, chat_tokens: int, max_tokens: int,
     progress: Callable[[str], None] = print,
-) -> dict[str, Any]:  # fmt: skip
+) -> Lanes:  # fmt: skip
     modes: dict[str, Any] = {}
     described = upstream
     for mode, (completions_proxied, chats_proxied) in MODES.items():
@@ -93,9 +94,16 @@ async def measure(
     alone, lanes = modes["alone"]["ttft_p95_ms"], modes["lanes"]["ttft_p95_ms"]
     limit = None if alone is None else TARGET_FACTOR * alone + TARGET_MS
     met = limit is not None and lanes is not None and lanes <= limit and modes["lanes"]["chat_answers"] > 0
-    return {"upstream": described, "seconds": seconds, "every_ms": every_ms, "chats": chats,
-            "chat_tokens": chat_tokens, "max_tokens": max_tokens, "modes": modes,
-            "target": {"lanes_p95_limit_ms": limit, "met": met}}  # fmt: skip
+    return Lanes(
+        upstream=described,
+        seconds=seconds,
+        every_ms=every_ms,
+        chats=chats,
+        chat_tokens=chat_tokens,
+        max_tokens=max_tokens,
+        modes=modes,
+        target={"lanes_p95_limit_ms": limit, "met": met},
+    )
 
 
 async def one_run(
@@ -193,24 +201,3 @@ def line(run: dict[str, Any]) -> str:
     return (f"completion first text p50 {p50:.0f} ms, p95 {p95:.0f} ms ({run['with_text']} of {run['completions']} "
             f"with text); chat answers {run['chat_answers']}"
             + (f", {mean:.1f} s each" if mean is not None else ""))  # fmt: skip
-
-
-def render(result: dict[str, Any], command: str) -> str:
-    lines = ["# Completions beside chat: lanes", "",
-             f"`{command}`: {result['upstream']}; an editor asks for a {result['max_tokens']}-token completion every "
-             f"{result['every_ms']} ms for {result['seconds']} s while {result['chats']} chat clients stream "
-             f"{result['chat_tokens']}-token answers, one after another. Time to first text: an answer without "
-             "text counts at its end (the proxy's deadline, or a plugin's 5 s going direct).", "",
-             "| run | completion first text p50 ms | p95 ms | with text | chat answers | s per chat answer "
-             "| chats refused or failed |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for mode, run in result["modes"].items():
-        mean = run["chat_answer_mean_s"]
-        lines.append(f"| {mode} | {run['ttft_p50_ms']:.0f} | {run['ttft_p95_ms']:.0f} | {run['with_text']} of "
-                     f"{run['completions']} | {run['chat_answers']} | {'-' if mean is None else f'{mean:.1f}'} | "
-                     f"{run['chat_refused']} |")  # fmt: skip
-    target = result["target"]
-    limit = target["lanes_p95_limit_ms"]
-    lines += ["", f"Target (lanes p95 <= 1.5x alone p95 + 100 ms = {limit:.0f} ms, every chat client completing "
-              f"answers): {'met' if target['met'] else 'missed'}."]  # fmt: skip
-    return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from mellum_proxy.bench.reporting.memory_report import Memory, render
 from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.processes import rss_mib, wait_healthy
 from mellum_proxy.console import POSITIVE, command, fail
@@ -104,25 +105,11 @@ async def one_run(
             "growth_after_first_fifth_mib": (after[-1] - after[0]) if after else 0.0}  # fmt: skip
 
 
-async def measure(requests: int, clients: int, gguf: Path | None, progress: Callable[[str], None]) -> dict[str, Any]:
+async def measure(requests: int, clients: int, gguf: Path | None, progress: Callable[[str], None]) -> Memory:
     fake = FakeUpstream(tokens=16, slots=64)
     runs = []
     async with serve_app(fake.app()) as upstream:
         runs.append(await one_run(upstream, "chars", requests, clients, progress))
         if gguf is not None:
             runs.append(await one_run(upstream, str(gguf), max(1, requests // 10), clients, progress))
-    return {"requests": requests, "clients": clients, "runs": runs}
-
-
-def render(result: dict[str, Any], command: str) -> str:
-    lines = ["# Proxy memory", "", f"`{command}`: `mellum-proxy serve` as its own process, VmRSS.", "",
-             "| tokenizer | requests | RSS MiB |", "|---|---|---|"]  # fmt: skip
-    for run in result["runs"]:
-        name = Path(run["tokenizer"]).name
-        for sample in run["samples"]:
-            lines.append(f"| {name} | {sample['requests']} | {sample['rss_mib']:.1f} |")
-    lines.append("")
-    for run in result["runs"]:
-        lines.append(f"- {Path(run['tokenizer']).name}: idle {run['idle_mib']:.1f} MiB; from the first fifth of "
-                     f"the requests to the end {run['growth_after_first_fifth_mib']:+.1f} MiB")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return Memory(requests=requests, clients=clients, runs=runs)

@@ -41,6 +41,7 @@ from mellum_proxy.bench.doubles import nginx as nginx_relay
 from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.bench.doubles.floor_relay import floor_relay
 from mellum_proxy.bench.doubles.relays import bare_relay
+from mellum_proxy.bench.reporting.overhead_report import Overhead, render
 from mellum_proxy.bench.reporting.writing import measured
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE, command
@@ -60,7 +61,6 @@ def add_commands(commands: Any) -> None:
 
 PATHS = ("direct", "bare", "parsing", "nginx", "proxy", "cleaning", "page", "foresight")  # nginx where installed
 RELAYS = PATHS[1:]
-TTFT_TARGET, CPU_TARGET = 1.3, 1.5  # the proxy against the relay that only parses
 PROXY_SETTINGS: dict[str, Any] = {  # no hold, no deadline, no reuse (every request goes upstream), no cleaning
     "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64, "reuse": False,
     "postprocess": False,
@@ -112,7 +112,7 @@ async def measure(
     tokens: int = 16,
     progress: Callable[[str], None] | None = None,
     nginx: bool = True,
-) -> dict[str, Any]:
+) -> Overhead:
     """Run the interleaved rounds; returns per-round figures and the ratios (`nginx`: with nginx where installed)."""
     fake = FakeUpstream(tokens=tokens, slots=64)
     body = {
@@ -150,8 +150,9 @@ async def measure(
                             progress(_line(rows[-1]))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {"requests": requests, "rounds": rounds, "tokens": tokens, "rows": rows, "summary": _summary(rows),
-            "paths": list(urls)}  # fmt: skip
+    return Overhead(
+        requests=requests, rounds=rounds, tokens=tokens, rows=rows, summary=_summary(rows), paths=list(urls)
+    )
 
 
 @contextlib.asynccontextmanager
@@ -226,44 +227,3 @@ def _line(row: dict[str, Any]) -> str:
         if name in row
     )
     return f"round {row['round']}: added {cells}"
-
-
-def render(result: dict[str, Any], command: str) -> str:
-    """The report as Markdown: one row per round and path, then the median ratios."""
-    lines = [
-        "# Relay overhead",
-        "",
-        f"`{command}`: {result['requests']} sequential streaming fill-in-the-middle requests (prompt and suffix) "
-        "per path and round, "
-        f"{result['tokens']} tokens each, fake upstream; added = the path's percentile less direct's.",
-        "",
-        "| round | path | added TTFT p50 ms | added TTFT p95 ms | added total p50 ms | CPU ms / request |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in result["rows"]:
-        for name in (name for name in RELAYS if name in row):
-            cell = row[name]
-            lines.append(
-                f"| {row['round']} | {name} | {cell['added_ttft_p50_ms']:.2f} | {cell['added_ttft_p95_ms']:.2f} | "
-                f"{cell['added_total_p50_ms']:.2f} | {cell['cpu_ms_per_request']:.2f} |"
-            )
-    lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare | proxy / parsing (independent floor) "
-              "| proxy / nginx | cleaning / proxy | page open / proxy | foresight / proxy |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    summary = result["summary"]
-    ratios = ("proxy_over_bare", "parsing_over_bare", "proxy_over_parsing", "proxy_over_nginx", "cleaning_over_proxy",
-              "page_over_proxy", "foresight_over_proxy")  # fmt: skip
-    for key in ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"):
-        cells = [summary.get(f"{ratio}_{key}") for ratio in ratios]
-        lines.append(f"| {key} | " + " | ".join("-" if v is None else f"{v:.2f}x" for v in cells) + " |")
-    ttft, cpu = (summary.get(f"proxy_over_parsing_{key}") for key in ("added_ttft_p50_ms", "cpu_ms_per_request"))
-    if ttft is not None and cpu is not None:
-        met = "met" if ttft <= TTFT_TARGET and cpu <= CPU_TARGET else "**not met**"
-        lines += ["", f"Target (proxy / parsing: added TTFT p50 <= {TTFT_TARGET}x, CPU <= {CPU_TARGET}x): {met} "
-                  f"({ttft:.2f}x, {cpu:.2f}x)."]  # fmt: skip
-    if "nginx" not in result.get("paths", ["nginx"]):
-        lines += ["", "nginx is not installed here, so it was not measured (Debian: `apt install nginx-light`)."]
-    else:
-        lines += ["", "nginx runs in a process of its own, beside this one: its figures carry no share of this "
-                  "process's CPU (its CPU column is this process's, the client's part only)."]  # fmt: skip
-    return "\n".join(lines) + "\n"

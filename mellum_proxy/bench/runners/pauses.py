@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from mellum_proxy.bench.reporting.pauses_report import Pauses, render
 from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.lab import MAX_GAP_MS, default_traces
 from mellum_proxy.bench.runners.playback import gaps_after, schedule
@@ -26,7 +27,7 @@ from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.editor import window
 from mellum_proxy.bench.workloads.trace import Documents, Edit, Event, Trace, TraceError, limited
 from mellum_proxy.console import POSITIVE, SHARE, command, fail
-from mellum_proxy.policies.pause_model import FEATURES, MIN_PAUSES, PAUSE_S, PauseModel, Prior, probability
+from mellum_proxy.policies.pause_model import FEATURES, PAUSE_S, PauseModel, Prior, probability
 
 L2 = 1.0
 STEPS = 30
@@ -129,7 +130,7 @@ def auc(probabilities: Sequence[float], labels: Sequence[float]) -> float | None
     return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
 
 
-def measure(traces: Sequence[tuple[str, Sequence[Event]]], limit_events: int, held_pauses: float) -> dict[str, Any]:
+def measure(traces: Sequence[tuple[str, Sequence[Event]]], limit_events: int, held_pauses: float) -> Pauses:
     """The prior over every trace, and per trace the leave-one-out scores beside the yardsticks."""
     data = {}
     for name, events in traces:
@@ -157,43 +158,9 @@ def measure(traces: Sequence[tuple[str, Sequence[Event]]], limit_events: int, he
             "no_foresight": {"recall": 1.0, "precision": pauses / len(trace_labels), "held_others": 0.0},
         })  # fmt: skip
     weights = dict(zip(FEATURES, prior.weights, strict=True))
-    return {"prior": {**about, "weights": list(prior.weights), "threshold": prior.threshold},
-            "weights": weights, "leave_one_out": scores}  # fmt: skip
-
-
-def render(result: dict[str, Any], command_line: str) -> str:
-    prior = result["prior"]
-    lines = [
-        f"`{command_line}`", "",
-        f"The pause model's prior: a logistic regression over {len(prior['features'])} features, fitted on "
-        f"{', '.join(prior['traces'])} (the first {prior['limit_events']} edits of each, gaps over "
-        f"{MAX_GAP_MS} ms played as {MAX_GAP_MS}). A pause: no further edit within {prior['pause_s'] * 1000:.0f} "
-        f"ms. Its threshold, {prior['threshold']}, holds {prior['held_pauses']:.0%} of the pauses it was fitted on; "
-        "it is used only with `foresight_learn` off. Learning (the default), a session sends every request at once "
-        f"until it has shown {MIN_PAUSES} pauses, then draws its own line under {prior['held_pauses']:.0%} of its "
-        "recent pauses.", "",
-        "Leave one trace out: each trace scored by a prior fitted on the others, with the prior's threshold "
-        "(`prior`) and learning (`online`). Recall: the pauses whose request is sent at once. Precision: of the "
-        "requests sent at once, those that began a pause. Held: the other edits held (each one a request a newer "
-        "keystroke can replace). The oracle knows the future; no foresight sends every request at once.", "",
-        "| trace | edits | pauses | AUC | recall prior / online | precision prior / online "
-        "| held prior / online | no foresight precision |",
-        "|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
-    for row in result["leave_one_out"]:
-        pr, on = row["prior"], row["online"]
-        lines.append(
-            f"| {row['trace']} | {row['edits']} | {row['pauses']} | {_f(row['auc'])} "
-            f"| {_pct(pr['recall'])} / {_pct(on['recall'])} | {_pct(pr['precision'])} / {_pct(on['precision'])} "
-            f"| {_pct(pr['held_others'])} / {_pct(on['held_others'])} | {_pct(row['no_foresight']['precision'])} |"
-        )
-    lines += ["", "Weights: " + ", ".join(f"{k} {v:+.2f}" for k, v in result["weights"].items()), ""]
-    return "\n".join(lines)
-
-
-def _f(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
+    return Pauses(
+        prior={**about, "weights": list(prior.weights), "threshold": prior.threshold},
+        weights=weights,
+        leave_one_out=scores,
+        max_gap_ms=MAX_GAP_MS,
+    )

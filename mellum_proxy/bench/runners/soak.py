@@ -31,6 +31,7 @@ import aiohttp
 import orjson
 
 from mellum_proxy.bench.doubles.fault_upstream import FaultUpstream, SilentServer, captive_portal
+from mellum_proxy.bench.reporting.soak_report import Soak, render
 from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.processes import process_state, wait_healthy
 from mellum_proxy.console import INDEX, POSITIVE, command, fail, real
@@ -143,7 +144,7 @@ class Client:
 
 async def measure(
     requests: int, clients: int, seed: int, progress: Callable[[str], None], gone: float = GONE_SHARE
-) -> dict[str, Any]:
+) -> Soak:
     fake = FaultUpstream(tokens=4)
     folder = Path(tempfile.mkdtemp(prefix="mellum-soak-"))
     log = folder / "requests.jsonl"
@@ -218,31 +219,3 @@ def _read_and_remove(folder: Path, log: Path) -> list[dict[str, Any]]:
     lines = read_log(log)[0]  # the request lines (each suggestion's `acceptance` line is apart)
     shutil.rmtree(folder)
     return lines
-
-
-def render(result: dict[str, Any], command: str) -> str:
-    lines = ["# Soak: mixed requests with faults", "", f"`{command}`: `mellum-proxy serve` as its own process in "
-             f"front of a captive portal, a silent server and `mellum_proxy.bench.doubles.fault_upstream` "
-             f"(failover in that order), "
-             f"{result['clients']} concurrent editors, seed {result['seed']}, "
-             f"{result['elapsed_s']} s.", "", "| requests | RSS MiB | fds | asyncio tasks | threads |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    for s in result["samples"]:
-        lines.append(f"| {s['requests']} | {s['rss_mib']:.1f} | {s['fds']} | {s['tasks']} | {s['threads']} |")
-    growth, later = result["growth"], result["growth_after_first_tenth"]
-    kinds = ", ".join(f"{k} {v}" for k, v in sorted(result["kinds"].items(), key=lambda kv: -kv[1]))
-    statuses = ", ".join(f"{k}: {v}" for k, v in sorted(result["statuses"].items()))
-    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(result["outcomes"].items(), key=lambda kv: -kv[1]))
-    lines += [
-        "",
-        f"- From warm to the end: RSS {growth['rss_mib']:+.1f} MiB, fds {growth['fds']:+d}, asyncio tasks "
-        f"{growth['tasks']:+d}, threads {growth['threads']:+d}; from the first tenth to the end: RSS "
-        f"{later['rss_mib']:+.1f} MiB, fds {later['fds']:+d}, asyncio tasks {later['tasks']:+d}.",
-        f"- Sent: {kinds}.",
-        f"- Answered {result['answered']} (HTTP {statuses}); {result['gone']} clients went away mid-answer.",
-        f"- Logged {result['logged']} lines ({outcomes}); answered but not logged: "
-        f"**{result['answered_not_logged']}**. Exit code after SIGTERM: {result['exit_code']}.",
-        f"- The proxy's stderr: {result.get('stderr_lines', '-')} lines ({result.get('stderr_levels', {})}), "
-        f"**{result.get('stderr_tracebacks', '-')}** tracebacks.",
-    ]
-    return "\n".join(lines) + "\n"

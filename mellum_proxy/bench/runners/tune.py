@@ -28,6 +28,7 @@ from mellum_proxy.bench.doubles.sim import profile
 from mellum_proxy.bench.reporting import lab_report
 from mellum_proxy.bench.reporting.lab_report import meets_targets, requests_floor
 from mellum_proxy.bench.reporting.results import LabResult
+from mellum_proxy.bench.reporting.tune_report import Tuned, render
 from mellum_proxy.bench.runners.lab import FIXED, GRID_AXES, MAX_GAP_MS, ORACLE, grid, run_lab
 from mellum_proxy.bench.runners.playback import gaps_after
 from mellum_proxy.bench.runners.policy import Policy
@@ -112,7 +113,7 @@ def config_toml(settings: dict[str, Any]) -> str:
 def tune(
     typing: Sequence[tuple[str, list[Event]]], spec: ServerProfile, max_tokens: int = 16,
     policies: Sequence[Policy] | None = None, progress: Callable[[str], None] = print,
-) -> dict[str, Any]:  # fmt: skip
+) -> Tuned:  # fmt: skip
     """Every candidate over every trace at both accuracies; the choice and the runs."""
     chosen_from = list(policies or candidates())
     runs = []
@@ -124,9 +125,16 @@ def tune(
     gaps = {name: list(gaps_after(events, MAX_GAP_MS).values()) for name, events in typing}
     best, met, waived = choose(runs, gaps)
     settings = next(p.settings for p in chosen_from if p.name == best) or {}
-    return {"profile": spec.name, "source": spec.source, "chosen": best, "settings": settings, "targets": met,
-            "waived": waived, "runs": [r.summary() for r in runs],
-            "frontier": _frontier(runs, spec, max_tokens, gaps)}  # fmt: skip
+    return Tuned(
+        profile=spec.name,
+        source=spec.source,
+        chosen=best,
+        settings=settings,
+        targets=met,
+        waived=waived,
+        runs=[r.summary() for r in runs],
+        frontier=_frontier(runs, spec, max_tokens, gaps),
+    )
 
 
 def _frontier(
@@ -138,8 +146,10 @@ def _frontier(
         name = f"accuracy {accuracy:g}"
         mine = [replace(run, profile=name) for run in runs if run.accuracy == accuracy]
         summary = lab_report.summarize(mine, [replace(spec, name=name)], accuracy, max_tokens, 0, gaps)
-        for key in panels:
-            panels[key] |= summary[key]
+        panels["profiles"] |= summary["profiles"]
+        panels["means"] |= summary["means"]
+        panels["frontier"] |= summary["frontier"]
+        panels["bound"] |= summary["bound"]
     return panels
 
 
@@ -163,31 +173,3 @@ def _tune(args: argparse.Namespace) -> None:
 def _command() -> str:
     words = sys.argv[sys.argv.index("tune") + 1 :] if "tune" in sys.argv else []
     return "mellum-proxy tune " + shlex.join(words)
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"  # None: no pause answered
-
-
-def render(result: dict[str, Any], command: str) -> str:
-    """What the chosen settings bought against the defaults, per trace and accuracy."""
-    lines = [f"`{command}`", "", f"Server: {result['profile']} ({result['source']}).", "",
-             f"Chosen: **{result['chosen']}** `{orjson.dumps(result['settings']).decode()}`", "",
-             "| trace | accuracy | policy | pause coverage | p95 ms | upstream requests | wasted tokens |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    shown = {"direct", "oracle", "defaults", result["chosen"]}
-    for run in result["runs"]:
-        if run["policy"] in shown:
-            lines.append(f"| {run['trace']} | {run['accuracy']:g} | {run['policy']} | {run['pause_coverage']:.0%} | "
-                         f"{_ms(run['latency_p95_ms'])} | {run['upstream_requests']} | "
-                         f"{run['wasted_completion_tokens']} |")  # fmt: skip
-    met = result["targets"].get(result["chosen"], {})
-    lines += ["", "Targets met on every trace at both accuracies (coverage >= direct - 1 point; p95 <= direct and "
-              "<= 1.1x the oracle; requests <= 1.5x the oracle; waste <= 1/4 of direct): "
-              + ", ".join(f"{key} {'yes' if ok else 'no'}" for key, ok in met.items())]  # fmt: skip
-    for trace, accuracy in result.get("waived", []):
-        lines += [f"Requests not held on {trace} at accuracy {accuracy:g}: no policy is expected to meet it there "
-                  "(the typing's no-foresight floor is over 1.5x the oracle's requests, see `bench lab`)."]  # fmt: skip
-    qualified = [name for name, targets in result["targets"].items() if all(targets.values())]
-    lines += [f"{len(qualified)} of {len(result['targets'])} candidates met them all."]
-    return "\n".join(lines) + "\n"
