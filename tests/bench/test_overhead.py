@@ -1,4 +1,5 @@
-"""`bench overhead`: the six paths really carry completions, and the report has every round."""
+"""`bench overhead`: every path really carries completions (the floor and the proxy also each in a process of
+its own, their CPU counted), and the report has every round."""
 
 from __future__ import annotations
 
@@ -32,11 +33,15 @@ async def test_every_round_measures_both_relays_and_the_proxy() -> None:
         "cleaning_over_proxy",
         "page_over_proxy",
         "foresight_over_proxy",
+        "proxy_process_over_parsing_process",
+        "proxy_process_over_nginx",
     )
     assert set(result["summary"]) == {f"{ratio}_{key}" for key in keys for ratio in ratios}
     report = render(result, "mellum-proxy bench overhead")
     assert all(report.count(f"| {path} |") == 2 for path in result["paths"][1:])
     assert set(result["paths"]) >= set(RELAYS) - {"nginx"}  # every path but nginx, which is measured where installed
+    for path in ("parsing_process", "proxy_process"):  # a process of its own: its CPU (from /proc) is counted
+        assert all(row[path]["cpu_ms_per_request"] > row["bare"]["cpu_ms_per_request"] for row in result["rows"])
 
 
 def test_cli_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -53,3 +53,9 @@ async def _relay(request: web.Request) -> web.StreamResponse:
             await out.write(tail)
         await out.write_eof()
         return out
+
+
+if __name__ == "__main__":  # in a process of its own: python -m mellum_proxy.bench.doubles.floor_relay PORT UPSTREAM
+    import sys
+
+    web.run_app(floor_relay(sys.argv[2]), host="127.0.0.1", port=int(sys.argv[1]), print=None)

@@ -15,7 +15,10 @@ Each round sends `requests` sequential streaming fill-in-the-middle completions 
 the plugins send them) per path. Added latency is a path's
 percentile less direct's in the same round; CPU per request is the process's CPU time spent on the path's
 requests less direct's (client and fake upstream cost the same in both), so what remains is the relay's own.
-All of it runs in this one process: the ratios compare like with like, the absolute numbers are the
+All of that runs in this one process, where a relay's wake-ups share the loop's turns with the client's and the
+upstream's. As deployed each is a process of its own, and every hop costs a process wake-up: `parsing_process`
+and `proxy_process` are the floor and the proxy (as `proxy`) each in a process of its own, their CPU that
+process's (from /proc) added to this one's. The ratios compare like with like; the absolute numbers are the
 machine's.
 """
 
@@ -43,11 +46,13 @@ from mellum_proxy.bench.doubles.floor_relay import floor_relay
 from mellum_proxy.bench.doubles.relays import bare_relay
 from mellum_proxy.bench.reporting.overhead_report import Overhead, render
 from mellum_proxy.bench.reporting.writing import measured
+from mellum_proxy.bench.runners.processes import cpu_seconds, listening, wait_healthy
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE, command
 from mellum_proxy.http import RECORDS, build_app, serve_app
 from mellum_proxy.http.page import PAGES
 from mellum_proxy.telemetry.stats import percentile
+from mellum_proxy.urls import free_port
 
 
 def add_commands(commands: Any) -> None:
@@ -59,7 +64,18 @@ def add_commands(commands: Any) -> None:
     overhead.add_argument("--tokens", type=POSITIVE, default=16, help="streamed tokens per request [default: 16]")
 
 
-PATHS = ("direct", "bare", "parsing", "nginx", "proxy", "cleaning", "page", "foresight")  # nginx where installed
+PATHS = (
+    "direct",
+    "bare",
+    "parsing",
+    "nginx",
+    "proxy",
+    "cleaning",
+    "page",
+    "foresight",
+    "parsing_process",
+    "proxy_process",
+)  # nginx where installed
 RELAYS = PATHS[1:]
 PROXY_SETTINGS: dict[str, Any] = {  # no hold, no deadline, no reuse (every request goes upstream), no cleaning
     "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64, "reuse": False,
@@ -87,11 +103,14 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -
 
 
 async def _round(
-    session: aiohttp.ClientSession, urls: dict[str, str], requests: int, body: dict[str, Any]
-) -> dict[str, PathRound]:
+    session: aiohttp.ClientSession, urls: dict[str, str], requests: int, body: dict[str, Any],
+    pids: dict[str, int] | None = None,
+) -> dict[str, PathRound]:  # fmt: skip
     """`requests` completions per path, one path after the other in turn, in a new order each turn: a path
-    that always followed the same one would find its code warm or cold in the caches by where it stands."""
+    that always followed the same one would find its code warm or cold in the caches by where it stands.
+    `pids`: the paths whose relay is a process of its own; its CPU over the round is added to theirs."""
     measured = {name: PathRound() for name in urls}
+    own = {name: cpu_seconds(pid) for name, pid in (pids or {}).items()}
     names = list(urls)
     order = random.Random(requests)  # seeded: two runs take the same turns
     for _ in range(requests):
@@ -103,6 +122,10 @@ async def _round(
             result.cpu_s += time.process_time() - cpu
             result.ttft_ms.append(ttft)
             result.total_ms.append(total)
+    for name, before in own.items():
+        after = cpu_seconds((pids or {})[name])
+        if before is not None and after is not None:
+            measured[name].cpu_s += after - before
     return measured
 
 
@@ -137,15 +160,18 @@ async def measure(
                 serve_app(page_app := build_app(proxy_settings("page"))) as page,
                 _page_open(page_app, page),
                 serve_app(build_app(proxy_settings("foresight", **FORESIGHT))) as foresight,
+                _own_processes(upstream, folder) as own,
             ):
                 urls = {"direct": upstream, "bare": bare, "parsing": parsing, "nginx": nginx_url, "proxy": proxy,
                         "cleaning": cleaning, "page": page, "foresight": foresight}  # fmt: skip
-                urls = {name: url for name, url in urls.items() if url}
+                urls = {name: url for name, url in urls.items() if url} | {name: url for name, (url, _) in own.items()}
+                pids = {name: pid for name, (_, pid) in own.items()}
                 async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                    await wait_healthy(session, own["proxy_process"][0])
                     await _round(session, urls, 20, body)  # warm up connections and code paths
                     rows = []
                     for number in range(rounds):
-                        rows.append(_row(number, await _round(session, urls, requests, body), requests))
+                        rows.append(_row(number, await _round(session, urls, requests, body, pids), requests))
                         if progress is not None:
                             progress(_line(rows[-1]))
     finally:
@@ -153,6 +179,24 @@ async def measure(
     return Overhead(
         requests=requests, rounds=rounds, tokens=tokens, rows=rows, summary=_summary(rows), paths=list(urls)
     )
+
+
+@contextlib.asynccontextmanager
+async def _own_processes(upstream: str, folder: Path) -> AsyncIterator[dict[str, tuple[str, int]]]:
+    """The floor and the proxy (as the `proxy` path, settings by flag, no config file) each in a process of its
+    own, as deployed: `{path: (url, pid)}`."""
+    floor_port, proxy_port = free_port(), free_port()
+    config = folder / "empty.toml"
+    config.write_text("")  # not the user's own config file
+    flags = [f"--{key.replace('_', '-')}" if value is True else f"--no-{key.replace('_', '-')}" if value is False
+             else f"--{key.replace('_', '-')}={value}" for key, value in PROXY_SETTINGS.items()]  # fmt: skip
+    log = folder / "proxy_process.jsonl"
+    proxy_argv = [sys.executable, "-m", "mellum_proxy", "serve", "--config", str(config), "--upstream", upstream,
+                  "--listen", f"127.0.0.1:{proxy_port}", "--log", str(log), *flags]  # fmt: skip
+    floor_argv = [sys.executable, "-m", "mellum_proxy.bench.doubles.floor_relay", str(floor_port), upstream]
+    async with listening(floor_argv, floor_port) as floor_pid, listening(proxy_argv, proxy_port) as proxy_pid:
+        yield {"parsing_process": (f"http://127.0.0.1:{floor_port}", floor_pid),
+               "proxy_process": (f"http://127.0.0.1:{proxy_port}", proxy_pid)}  # fmt: skip
 
 
 @contextlib.asynccontextmanager
@@ -217,6 +261,14 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary |= {f"cleaning_over_proxy_{key}": _ratio(rows, key, over="proxy", path="cleaning") for key in keys}
     summary |= {f"page_over_proxy_{key}": _ratio(rows, key, over="proxy", path="page") for key in keys}
     summary |= {f"foresight_over_proxy_{key}": _ratio(rows, key, over="proxy", path="foresight") for key in keys}
+    summary |= {f"proxy_process_over_parsing_process_{key}": _ratio(rows, key, over="parsing_process",
+                                                                    path="proxy_process") for key in keys}  # fmt: skip
+    summary |= {
+        f"proxy_process_over_nginx_{key}": _ratio(rows, key, over="nginx", path="proxy_process")
+        if key != "cpu_ms_per_request"
+        else None
+        for key in keys
+    }  # nginx's own CPU is not read: no ratio
     return summary
 
 

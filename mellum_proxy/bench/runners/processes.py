@@ -8,7 +8,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -65,3 +65,45 @@ def busy_cores(count: int) -> Iterator[None]:
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user + system) a live process has used so far; None without Linux's /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.asynccontextmanager
+async def listening(argv: Sequence[str], port: int, timeout_s: float = 60.0) -> AsyncIterator[int]:
+    """`argv` as a process of its own for the body of the `async with`, from when it accepts connections on
+    127.0.0.1:`port`; yields its pid.
+
+    Raises:
+        RuntimeError: it exited first.
+        TimeoutError: it did not listen within `timeout_s`.
+    """
+    process = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while True:
+            if process.returncode is not None:
+                raise RuntimeError(f"{' '.join(argv[:4])} exited with {process.returncode}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                if loop.time() - started > timeout_s:
+                    raise TimeoutError(f"{' '.join(argv[:4])} did not listen within {timeout_s:.0f} s") from None
+                await asyncio.sleep(0.05)  # polling: a process that binds its port sends no event
+                continue
+            writer.close()
+            await writer.wait_closed()
+            break
+        yield process.pid
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await process.wait()
