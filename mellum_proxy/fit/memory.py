@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import Callable
-from pathlib import Path
 
+from mellum_proxy.proc import memory_mib, session_id
+from mellum_proxy.proc import pids as proc_pids
 from mellum_proxy.telemetry.gpu import MIB, GpuBackend, GpuUnavailableError, NvmlBackend
 
 SAMPLE_S = 0.1
@@ -16,20 +16,9 @@ SAMPLE_S = 0.1
 
 def session_memory_mib(sid: int, field: str = "VmRSS") -> float | None:
     """The sum of `field` (`VmRSS` now, `VmHWM` the peak) over the processes of the server's session."""
-    total, found = 0, False
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3]) != sid:  # field 6: session id
-                continue
-            status = (entry / "status").read_text()
-        except (OSError, ValueError, IndexError):
-            continue
-        match = re.search(rf"^{field}:\s+(\d+) kB", status, re.M)
-        if match:
-            total, found = total + int(match[1]), True
-    return total / 1024 if found else None
+    readings = [memory_mib(pid, field) for pid in proc_pids() if session_id(pid) == sid]
+    known = [mib for mib in readings if mib is not None]
+    return sum(known) if known else None
 
 
 class MemoryWatch:

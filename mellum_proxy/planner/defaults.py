@@ -11,6 +11,7 @@ from typing import Any
 
 from mellum_proxy.planner.shapes import ModelShape
 from mellum_proxy.planner.sweep import Cell, SweepSpec, best, sweep
+from mellum_proxy.upstream.servers import KINDS
 
 CANDIDATE_QUANTS = ("q4", "q5", "q6", "q8", "bf16")
 CANDIDATE_BATCHES = (1, 2, 3, 4, 6, 8)
@@ -25,6 +26,7 @@ class Defaults:
     stress_batch: int
     target_util: float
     pick: Cell
+    kv_type: str = "f16"  # the KV cache type the sweep assumed
 
     def env(self) -> str:
         return (
@@ -33,22 +35,16 @@ class Defaults:
         )
 
     def flags(self) -> str:
-        return "\n".join(
-            [
-                "proxy (config.toml):",
-                f"  max_context_tokens = {self.context}",
-                f"  max_concurrency = {self.batch}",
-                "vLLM:",
-                f"  --max-model-len {self.context} --max-num-seqs {self.batch} "
-                f"--gpu-memory-utilization {self.target_util}",
-                "llama.cpp (llama-server; -c is the total of all slots):",
-                f"  -c {self.context * self.batch} -np {self.batch} -ngl 99",
-                "Ollama:",
-                f"  num_ctx {self.context}   OLLAMA_NUM_PARALLEL={self.batch}",
-                f"stress run: context {self.stress_context}, {self.stress_batch} at once "
-                "(mellum-proxy bench ladder) before trusting these",
-            ]
-        )
+        """The proxy's settings, then each server kind's start flags (`ServerKind.start_flags`, as `fit` prints
+        them), and the stress run."""
+        lines = ["proxy (config.toml):", f"  max_context_tokens = {self.context}", f"  max_concurrency = {self.batch}"]
+        for kind in KINDS:
+            if kind.start_flags is not None:
+                lines += [f"{kind.title}:", f"  {kind.start_flags(self.context, self.batch, self.kv_type)}"]
+        lines += [f"the share of the card vLLM may take: --gpu-memory-utilization {self.target_util}",
+                  f"stress run: context {self.stress_context}, {self.stress_batch} at once "
+                  "(mellum-proxy bench ladder) before trusting these"]  # fmt: skip
+        return "\n".join(lines)
 
 
 def choose(
@@ -76,4 +72,5 @@ def choose(
     stress_spec = replace(spec, quants=(pick.quant,), contexts=(stress_ctx,), batches=CANDIDATE_BATCHES)
     survivable = [c.batch for c in sweep(shape, stress_spec, measured) if c.label != "OOM_RISK"]
     stress_batch = max([b for b in survivable if b >= pick.batch], default=pick.batch)
-    return Defaults(pick.quant, context, pick.batch, stress_ctx, stress_batch, spec.target_util, pick), why
+    chosen = Defaults(pick.quant, context, pick.batch, stress_ctx, stress_batch, spec.target_util, pick, spec.kv_dtype)
+    return chosen, why

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from mellum_proxy.proc import memory_mib
 from mellum_proxy.telemetry.gpu import MIB, GpuBackend, GpuReading, GpuUnavailableError, NvmlBackend
 from mellum_proxy.urls import upstream_base_url
 
@@ -83,15 +84,7 @@ class Reading:
 
 def host_rss_mib(pid: int | None) -> float | None:
     """Resident host memory of `pid` from /proc (Linux), None elsewhere."""
-    if pid is None:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    return None if pid is None else memory_mib(pid)
 
 
 class Baseline:

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from mellum_proxy.bench.runners.processes import cpu_seconds, listening
+from mellum_proxy.bench.runners.processes import listening
+from mellum_proxy.proc import cpu_seconds
 from mellum_proxy.urls import free_port
 
 SPIN_THEN_SERVE = (  # 0.2 s of CPU, then listen: the CPU is spent before the port answers, on any machine

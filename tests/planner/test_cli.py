@@ -70,11 +70,12 @@ def test_the_documented_defaults_example_reproduces_and_writes_no_file_unasked(
     main(["defaults", "--model", str(BUNDLED / "mellum2.1-12b-a2.5b"), "--gpu-gib", "12", "--context", "16384",
           "--bpw", "q4=5.33", "--backend", "llama.cpp"])  # fmt: skip
     out = capsys.readouterr().out
-    assert "MODEL_QUANT=q5" in out and "BATCH_DEFAULT=1" in out and "-c 16384 -np 1 -ngl 99" in out
+    assert "MODEL_QUANT=q5" in out and "BATCH_DEFAULT=1" in out and "-c 16384 -np 1 -ctk f16 -ctv f16 -ngl 99" in out
     assert "the most precise quantization OK there (q5; q4 fits too and loses more)" in out
     assert list(tmp_path.iterdir()) == []
     page = (Path(__file__).resolve().parents[2] / "docs" / "vram-planning.md").read_text()
-    assert "MODEL_QUANT=q5" in page and "(q5; q4 fits too and loses more)" in page and "-c 16384 -np 1 -ngl 99" in page
+    assert "MODEL_QUANT=q5" in page and "(q5; q4 fits too and loses more)" in page
+    assert "-c 16384 -np 1 -ctk f16 -ctv f16 -ngl 99" in page
 
 
 def test_sweep_says_the_assumption_once_and_what_would_fit(capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,8 +77,9 @@ def test_defaults_pick_and_stress(tmp_path: Path) -> None:
     assert "MODEL_QUANT=q6\n" in env and "CTX_DEFAULT=8192\n" in env and f"BATCH_DEFAULT={chosen.batch}\n" in env
     flags = chosen.flags()
     assert f"--max-model-len 8192 --max-num-seqs {chosen.batch}" in flags
-    assert f"-c {8192 * chosen.batch} -np {chosen.batch} -ngl 99" in flags
+    assert f"-c {8192 * chosen.batch} -np {chosen.batch} -ctk f16 -ctv f16 -ngl 99" in flags  # -c: all slots
     assert f"OLLAMA_NUM_PARALLEL={chosen.batch}" in flags and "max_context_tokens = 8192" in flags
+    assert "--gpu-memory-utilization" in flags
 
 
 def record(outcome: str, **fields: object) -> dict[str, object]:

@@ -46,11 +46,12 @@ from mellum_proxy.bench.doubles.floor_relay import floor_relay
 from mellum_proxy.bench.doubles.relays import bare_relay
 from mellum_proxy.bench.reporting.overhead_report import Overhead, render
 from mellum_proxy.bench.reporting.writing import measured
-from mellum_proxy.bench.runners.processes import cpu_seconds, listening, wait_healthy
+from mellum_proxy.bench.runners.processes import listening, wait_healthy
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE, command
 from mellum_proxy.http import RECORDS, build_app, serve_app
 from mellum_proxy.http.page import PAGES
+from mellum_proxy.proc import cpu_seconds
 from mellum_proxy.telemetry.stats import percentile
 from mellum_proxy.urls import free_port
 

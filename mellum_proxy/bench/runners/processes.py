@@ -67,15 +67,6 @@ def busy_cores(count: int) -> Iterator[None]:
             spinner.wait()
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """The CPU time (user + system) a live process has used so far; None without Linux's /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @contextlib.asynccontextmanager
 async def listening(argv: Sequence[str], port: int, timeout_s: float = 60.0) -> AsyncIterator[int]:
     """`argv` as a process of its own for the body of the `async with`, from when it accepts connections on
