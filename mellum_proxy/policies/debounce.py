@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 from mellum_proxy.clock import LOOP_CLOCK, Clock
 from mellum_proxy.observe import Changes
@@ -19,31 +20,36 @@ class Debouncer:
     def __init__(self, window_s: float, clock: Clock = LOOP_CLOCK) -> None:
         self.window_s = window_s
         self.clock = clock
-        self._held: dict[str, asyncio.Future[bool]] = {}
+        self._held: dict[str, tuple[float, asyncio.Future[bool]]] = {}  # per session: its order, its outcome
         self.changes = Changes()
 
     def held(self) -> int:
         """Requests currently held (for status and tests)."""
         return len(self._held)
 
-    async def hold(self, session: str, window_s: float | None = None) -> bool:
+    async def hold(self, session: str, window_s: float | None = None, order: float = math.inf) -> bool:
         """Wait out the window (`window_s`, default the debouncer's). True: go on; False: a newer request
-        of `session` replaced this one. A held request of the session is replaced even by a 0 window."""
-        previous = self._held.pop(session, None)
-        if previous is not None and not previous.done():
-            previous.set_result(False)
+        of `session` replaced this one. A held request of the session is replaced even by a 0 window.
+        `order`: when the request arrived; one that comes to the hold after a newer one of its session (it waited
+        on something first) is replaced already: False at once, the newer one held on."""
+        held = self._held.get(session)
+        if held is not None and held[0] > order:
+            return False
+        if held is not None:
+            del self._held[session]
+            _resolve(held[1], False)
         window = self.window_s if window_s is None else window_s
         if window <= 0:
             return True
         mine: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._held[session] = mine
+        self._held[session] = (order, mine)
         self.changes.notify()
         timer = self.clock.call_later(window, _resolve, mine, True)
         try:
             return await mine
         finally:
             timer.cancel()
-            if self._held.get(session) is mine:
+            if (entry := self._held.get(session)) is not None and entry[1] is mine:
                 del self._held[session]
             self.changes.notify()
 

@@ -7,6 +7,8 @@ scope removes it from the queue or closes its upstream connection, so the server
 
 from __future__ import annotations
 
+import math
+from bisect import insort
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,9 +18,10 @@ import anyio
 class Ticket:
     """One admitted request: its cancel scope and whether a newer request superseded it."""
 
-    __slots__ = ("running", "scope", "superseded")
+    __slots__ = ("order", "running", "scope", "superseded")
 
-    def __init__(self) -> None:
+    def __init__(self, order: float = math.inf) -> None:
+        self.order = order  # when its request arrived, in the session's order (inf: newer than any so far)
         self.scope = anyio.CancelScope()
         self.superseded = False
         self.running = False  # holds an upstream slot (else: queued)
@@ -47,13 +50,15 @@ class Supersede:
         }
 
     @contextmanager
-    def admit(self, session: str) -> Iterator[Ticket]:
-        """Admit a request of `session`, cancelling the oldest admitted ones beyond `max_inflight`."""
+    def admit(self, session: str, order: float = math.inf) -> Iterator[Ticket]:
+        """Admit a request of `session`, cancelling the oldest admitted ones beyond `max_inflight`. `order`: when
+        it arrived; one admitted after newer ones (it waited on something first) is the oldest, and may be the one
+        superseded at once (its scope is then cancelled on entry)."""
         tickets = self._tickets.setdefault(session, [])
-        while len(tickets) >= self.max_inflight:
+        ticket = Ticket(order)
+        insort(tickets, ticket, key=lambda t: t.order)  # after any of the same order: the newest of them
+        while len(tickets) > self.max_inflight:
             tickets.pop(0).supersede()
-        ticket = Ticket()
-        tickets.append(ticket)
         try:
             yield ticket
         finally:

@@ -4,6 +4,7 @@ request is admitted into its session under its deadline."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,10 +50,10 @@ class Admitted:
 
 
 @contextmanager
-def admitted(policies: Policies, session: str) -> Iterator[Admitted]:
+def admitted(policies: Policies, session: str, order: float = math.inf) -> Iterator[Admitted]:
     """Admit a request into `session` (superseding the oldest beyond `max_inflight`) under a deadline that starts
     now; the block runs in the ticket's cancel scope, and `Admitted.cut` says afterwards why it was cut short."""
-    with policies.supersede.admit(session) as ticket:
+    with policies.supersede.admit(session, order) as ticket:
         deadline = Deadline.start(policies.clock, policies.ttft_timeout_s, policies.timeout_s)
         ticket.scope.deadline = deadline.first_token
         with ticket.scope:

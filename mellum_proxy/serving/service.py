@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 
 import anyio
@@ -59,12 +60,14 @@ class CompletionService:
         self.typed_through = TypedThrough(policies, self.flights, telemetry, budget.settings.max_tokens)
         self.documents = Documents()  # a session for each document of a client that names none
         self._open: set[anyio.CancelScope] = set()  # the requests being served
+        self._arrivals = itertools.count()  # each request's place in arrival order (a session's newest is last)
         self._idle = Changes()  # notified when the last one ends
 
     async def complete(self, request: NormalizedRequest, answer: Answer, arrived: float | None = None) -> None:
         """Answer `request`; a `ProxyError` becomes `answer.fail`, never a raise. `arrived`: the clock's time it
         reached the edge, before its body was read (its record counts from then); None: now."""
         request = self.documents.assign(request)
+        order = next(self._arrivals)
         record = self.telemetry.start(request, arrived)
         record.arrived(self.policies.admission.depth, self.policies.admission.running)
         completion = Completion(id=f"cmpl-{request.id}")
@@ -72,7 +75,7 @@ class CompletionService:
         self._open.add(scope)
         try:
             with scope:
-                outcome = await self._run(request, answer, completion, record)
+                outcome = await self._run(request, answer, completion, record, order)
             if scope.cancelled_caught:
                 outcome = Outcome.SHUTDOWN
             record.ended(outcome)
@@ -129,24 +132,27 @@ class CompletionService:
         return Outcome.OK
 
     async def _run(
-        self, request: NormalizedRequest, answer: Answer, completion: Completion, record: RequestRecord
+        self, request: NormalizedRequest, answer: Answer, completion: Completion, record: RequestRecord, order: int
     ) -> Outcome:
+        """The policies in turn. `order`: its place in arrival order; a request that waited on a completion it typed
+        through and comes to the hold after a newer keystroke of its session is replaced by that one, not the
+        other way round."""
         policies, clock = self.policies, self.clock
         if request.warm_up:
             return await self._warm_up(request, answer, completion, record)
         if policies.reuse is not None:
             hit = policies.reuse.lookup(request)
             if hit is not None:
-                outcome = await self.typed_through.answer(request, hit, answer, completion, record)
+                outcome = await self.typed_through.answer(request, hit, answer, completion, record, order)
                 if outcome is not None:
                     return outcome
-        if not await self._hold(request, record):
+        if not await self._hold(request, record, order):
             return Outcome.DEBOUNCED
         if not policies.complete_in_comments and request.suffix is not None:
             inside = cursor_in_comment_or_string(request.prefix, request.suffix, request.file_path, request.language)
             if inside:
                 return Outcome.SKIPPED
-        with admitted(policies, request.session) as entry:
+        with admitted(policies, request.session, order) as entry:
             prompt = await self.budget.apply(request)
             record.fitted(prompt)
             completion.truncated = prompt.truncated
@@ -161,7 +167,7 @@ class CompletionService:
             await self._stream(request, prompt, answer, completion, record, lease, entry.ticket, entry.deadline)
         return entry.cut or Outcome.OK
 
-    async def _hold(self, request: NormalizedRequest, record: RequestRecord) -> bool:
+    async def _hold(self, request: NormalizedRequest, record: RequestRecord, order: int) -> bool:
         """The dispatch hold; False when a newer request of the session replaced this one meanwhile."""
         policies = self.policies
         dispatch = policies.dispatch
@@ -171,11 +177,11 @@ class CompletionService:
             busy = not policies.admission.has_free_slot() or policies.supersede.admitted(request.session) > 0
             window = dispatch.hold_for(request, busy)
         if window <= 0:  # nothing is held, and the clock (a system call on some machines) is not read
-            await policies.debouncer.hold(request.session, 0)
+            go_on = await policies.debouncer.hold(request.session, 0, order)
             record.held(0.0)
-            return True
+            return go_on
         held_from = self.clock.now()
-        go_on = await policies.debouncer.hold(request.session, window)
+        go_on = await policies.debouncer.hold(request.session, window, order)
         record.held((self.clock.now() - held_from) * 1000)
         return go_on
 

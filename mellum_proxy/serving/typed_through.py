@@ -6,6 +6,7 @@ session's admission and this request's deadline, as any request is."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from mellum_proxy.models import Answer, Chunk, Completion, NormalizedRequest, Outcome
 from mellum_proxy.serving.flight import Flights
@@ -25,8 +26,9 @@ class TypedThrough:
         self.max_tokens_cap = max_tokens_cap  # the proxy's own cap on what a request may ask for
 
     async def answer(
-        self, request: NormalizedRequest, hit: Hit, answer: Answer, completion: Completion, record: RequestRecord
-    ) -> Outcome | None:
+        self, request: NormalizedRequest, hit: Hit, answer: Answer, completion: Completion, record: RequestRecord,
+        order: float = math.inf,
+    ) -> Outcome | None:  # fmt: skip
         """Answer from an earlier completion the person typed through; None when it turned out not to fit
         before anything was sent (the request then goes on as usual)."""
         policies = self.policies
@@ -57,7 +59,7 @@ class TypedThrough:
         flight.listeners += 1
         cleaner = Cleaner(request.prefix, request.suffix) if policies.postprocess else None
         try:
-            with admitted(policies, request.session) as entry:
+            with admitted(policies, request.session, order) as entry:
                 shown = first_text(self.telemetry, record, entry.ticket, entry.deadline)
                 view = AfterTyped(hit.typed, max_tokens, stops, cleaner, shown)
                 await relay(flight, view, answer, completion)

@@ -78,3 +78,19 @@ def test_cancelled_hold_leaves_nothing_behind() -> None:
         return debouncer.held()
 
     assert run_virtual(main()) == 0
+
+
+def test_an_older_request_that_comes_late_does_not_replace_the_newer_one() -> None:
+    """A keystroke that waited on something first (a completion it typed through) reaches the hold after a newer
+    keystroke of its session: it is the one replaced, at once, and the newer one is held on to its end."""
+
+    async def main() -> tuple[bool, bool, float]:
+        debouncer = Debouncer(window_s=0.1)
+        newer = asyncio.create_task(debouncer.hold("s", order=2))
+        await asyncio.sleep(0.01)  # the arrival schedule
+        older = await debouncer.hold("s", order=1)
+        late_at = LOOP_CLOCK.now()
+        return older, await newer, late_at
+
+    older, newer, late_at = run_virtual(main())
+    assert (older, newer) == (False, True) and late_at == 0.01  # replaced at once, not after its window

@@ -42,3 +42,13 @@ async def test_a_ticket_leaving_by_error_is_removed() -> None:
     with pytest.raises(KeyError), supersede.admit("a"):
         raise KeyError("the request failed")
     assert supersede.admitted("a") == 0 and supersede.sessions() == {}
+
+
+async def test_an_older_request_admitted_late_is_the_one_superseded() -> None:
+    """Admission follows arrival, not the moment of admitting: one that arrived first but is admitted after a
+    newer one of its session (it followed a completion first) is the oldest, and is cut, not the newer."""
+    supersede = Supersede(max_inflight=1)
+    with supersede.admit("a", order=2) as newer, supersede.admit("a", order=1) as older:
+        assert older.superseded and older.scope.cancel_called
+        assert not newer.superseded and supersede.admitted("a") == 1
+    assert supersede.sessions() == {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from mellum_proxy.budget import BudgetSettings, CharsEstimator, ContextBudget
@@ -52,6 +52,19 @@ options = st.fixed_dictionaries(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schedule=st.lists(arrival, min_size=1, max_size=14), options=options)
+@example(  # found by this test: request 8 followed a completion it typed through, came to the hold after 9, newer,
+    # of its session, and replaced it (9, the newest, was debounced)
+    schedule=[(0, "a", None, 1, 0)] * 5 + [(3, "c", None, 1, 0), (7, "a", None, 1, 0), (3, "a", None, 1, 0),
+                                           (0, "c", None, 1, 1), (1, "c", None, 1, 1)],
+    options={"debounce_ms": 10, "max_inflight": 1, "max_concurrency": 1, "max_queue": 0, "timeout_ms": 0,
+             "adaptive": False, "reuse": True, "keep_prefill": False},
+)  # fmt: skip
+@example(  # the same with no debounce: 8, admitted after 9, must not cancel it
+    schedule=[(0, "a", None, 1, 0)] * 5 + [(3, "c", None, 1, 0), (7, "a", None, 1, 0), (3, "a", None, 1, 0),
+                                           (0, "c", None, 1, 1), (1, "c", None, 1, 1)],
+    options={"debounce_ms": 0, "max_inflight": 1, "max_concurrency": 1, "max_queue": 0, "timeout_ms": 0,
+             "adaptive": False, "reuse": True, "keep_prefill": False},
+)  # fmt: skip
 def test_policy_invariants(schedule: list[tuple[int, str, int | None, int, int]], options: dict[str, Any]) -> None:
     run_virtual(_run(schedule, **options))
 
