@@ -7,6 +7,7 @@ import pytest
 from mellum_proxy.bench.doubles.sim import PROFILES
 from mellum_proxy.bench.reporting.calibration_report import render
 from mellum_proxy.bench.runners.calibration import measure
+from mellum_proxy.planner.server_profile import ServerProfile
 from tests.bench.bursts import burst_trace
 
 pytestmark = pytest.mark.slow  # seconds of real time: in `make test`, not in `make test-fast`
@@ -31,3 +32,25 @@ async def test_the_lab_is_held_to_the_median_of_the_real_runs(sim_url: str) -> N
     assert "| real: median of 3 | real range | sim: median of 3 | sim range |" in table
     assert "| direct | upstream requests | 24 | 24-24 | 24 | 24-24 | yes |" in table
     assert len(direct["sim_runs"]) == 3  # the lab run as often as the real server, each its own seed
+
+
+async def test_measured_before_each_turn_the_lab_runs_each_turn_on_its_own_profile(sim_url: str) -> None:
+    """With `--profile measure` the server is profiled before every turn, and lab run i is on turn i's profile:
+    one profile taken at a slow moment no longer moves every lab run."""
+    import dataclasses
+
+    slow = dataclasses.replace(PROFILES["fast"], decode_tps=PROFILES["fast"].decode_tps / 4, idle_slowdown=1.5)
+    profiles = iter([PROFILES["fast"], slow])
+    seen: list[str] = []
+
+    async def profile_turn() -> ServerProfile:
+        seen.append("profiled")
+        return next(profiles)
+
+    result = await measure(burst_trace(), "bursts", sim_url, "sim", max_tokens=4, accuracy=0.0,
+                           progress=seen.append, runs=2, profile_turn=profile_turn)  # fmt: skip
+    assert [line.split(" (")[0] for line in seen] == ["profiled", "real direct", "real defaults"] * 2
+    assert [turn["idle_slowdown"] for turn in result["turn_profiles"]] == [1.0, 1.5]
+    fast, slowed = (run["latency_p95_ms"] for run in result["rows"][0]["sim_runs"])
+    assert fast is not None and slowed is not None and slowed > 2 * fast  # run 2 on the slow profile
+    assert "2 profiles: idle slowdown 1.00-1.50x" in render(result, "mellum-proxy bench calibrate bursts")

@@ -39,6 +39,7 @@ class Calibration(TypedDict):
     rows: list[CalibrationRow]
     max_tokens: int
     accuracy: float
+    turn_profiles: list[dict[str, float]]  # with `--profile measure`: each turn's profile, measured before it
 
 
 def agrees(real: float | None, sim: float | None) -> bool:
@@ -53,6 +54,18 @@ def _range(values: Sequence[float | None], spec: str) -> str:
     return f"{spec.format(min(seen))}-{spec.format(max(seen))}" if len(seen) > 1 else "-"
 
 
+def _lab_line(result: Calibration) -> str:
+    turns = result.get("turn_profiles") or []
+    if len(turns) < 2:
+        return f"- sim: the lab in virtual time on {result['profile']}"
+    idle, decode = ([turn[key] for turn in turns] for key in ("idle_slowdown", "decode_tps"))
+    return (
+        f"- sim: the lab in virtual time, run i on the server's profile measured before real turn i "
+        f"({len(turns)} profiles: idle slowdown {min(idle):.2f}-{max(idle):.2f}x, decode "
+        f"{min(decode):.0f}-{max(decode):.0f} tokens/s; the first: {result['profile']})"
+    )
+
+
 def render(result: Calibration, command: str) -> str:
     trace = f"- trace: {result['trace']}, {result['edits']} edits, {result['max_tokens']} tokens asked"
     trace += f"; simulated accuracy {result.get('accuracy', 0):g}"
@@ -61,7 +74,7 @@ def render(result: Calibration, command: str) -> str:
     sim = "sim" if runs == 1 else f"sim: median of {runs}"
     lines = [f"`{command}`", "", trace,
              f"- real: {result['upstream']} (real time, through `bench replay`, {runs} run(s) a policy)",
-             f"- sim: the lab in virtual time on {result['profile']}", "",
+             _lab_line(result), "",
              f"| policy | metric | {real} | real range | {sim} | sim range | within 15 % |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in result["rows"]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,9 @@ def add_commands(commands: Any) -> None:
     calibrate.add_argument("--max-tokens", type=POSITIVE, default=16, help="what the plugin asks for [default: 16]")
     calibrate.add_argument("--profile", default="embedded-cpu",
                            help="the lab's server: a sim profile, the JSON of `mellum-proxy profile`, or 'measure' "
-                                "(profile the real server first, as `mellum-proxy profile` does, and keep it as "
-                                "OUT/profile.json) [default: embedded-cpu]")  # fmt: skip
+                                "(profile the real server before each turn, as `mellum-proxy profile` does, lab run i "
+                                "on turn i's profile; kept as OUT/profile.json, profile-2.json, ...) "
+                                "[default: embedded-cpu]")  # fmt: skip
     calibrate.add_argument("--runs", type=POSITIVE, default=1,
                            help="real replays of each policy, taking turns, and as many lab runs (seeds); median held "
                                 "to median [default: 1]")  # fmt: skip
@@ -61,16 +62,22 @@ def _calibrate(args: argparse.Namespace) -> None:
     except (OSError, TraceError, ValueError) as exc:
         fail(str(exc))
 
-    async def run() -> tuple[Calibration, ServerProfile]:
-        async with upstream_for(args.upstream) as (url, described):
-            measured = spec or await measured_profile(url, described, args.upstream)
-            result = await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy,
-                                   spec=measured, runs=args.runs)  # fmt: skip
-            return result, measured
+    taken: list[ServerProfile] = []
 
-    result, measured = asyncio.run(run())
+    async def run() -> Calibration:
+        async with upstream_for(args.upstream) as (url, described):
+
+            async def each_turn() -> ServerProfile:
+                taken.append(await measured_profile(url, described, args.upstream))
+                return taken[-1]
+
+            return await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy, spec=spec,
+                                 runs=args.runs, profile_turn=None if spec else each_turn)  # fmt: skip
+
+    result = asyncio.run(run())
     write_report(args.out, "calibration", result, render)
-    keep_measured(args.out, measured)
+    for turn, measured in enumerate(taken):
+        keep_measured(args.out, measured, "profile.json" if turn == 0 else f"profile-{turn + 1}.json")
 
 
 async def measured_profile(url: str, described: str, upstream: str) -> Profile:
@@ -81,11 +88,11 @@ async def measured_profile(url: str, described: str, upstream: str) -> Profile:
         fail(f"--profile measure: {exc}")
 
 
-def keep_measured(out: Path, measured: ServerProfile) -> None:
+def keep_measured(out: Path, measured: ServerProfile, name: str = "profile.json") -> None:
     """A profile `--profile measure` took, kept beside the report as `profile.json` (a named one is not)."""
     if isinstance(measured, Profile):
-        (out / "profile.json").write_bytes(measured.as_json())
-        print(f"wrote {out / 'profile.json'}")
+        (out / name).write_bytes(measured.as_json())
+        print(f"wrote {out / name}")
 
 
 MEASURE = "measure"
@@ -95,12 +102,19 @@ POLICIES: tuple[tuple[str, dict[str, Any] | None], ...] = (("direct", None), ("d
 async def measure(
     events: Sequence[Event], trace: str, url: str, described: str, max_tokens: int, accuracy: float,
     progress: Callable[[str], None] = print, spec: ServerProfile | None = None, runs: int = 1,
+    profile_turn: Callable[[], Awaitable[ServerProfile]] | None = None,
 ) -> Calibration:  # fmt: skip
     """Each policy `runs` times on the real server (taking turns) and `runs` times in the lab (seeds 0.., each its
-    own luck where the profile has a `spread`); per metric each side's runs and their median."""
-    spec = spec or profile("embedded-cpu")
+    own luck where the profile has a `spread`); per metric each side's runs and their median.
+
+    `profile_turn`: the server measured afresh before each turn, and lab run i on turn i's profile, so the lab's
+    server moves with the machine as the real one does and its median is over as many profiles as the real median
+    is over runs (one profile taken at a slow moment moved the lab's p95 by 15-20 %); else `spec` for every run."""
+    specs: list[ServerProfile] = []
     real_runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in POLICIES}
     for turn in range(runs):
+        if profile_turn is not None:
+            specs.append(await profile_turn())
         for name, settings in POLICIES:
             real = await run_policy(Policy(name, settings), list(events), url, max_tokens=max_tokens)
             progress(f"real {name} ({turn + 1}/{runs}): coverage {real.pause_coverage or 0:.0%}, "
@@ -108,11 +122,19 @@ async def measure(
             real_runs[name].append({"pause_coverage": real.pause_coverage, "latency_p95_ms": real.latency_p95_ms,
                                     "peak_held": real.max_inflight, "upstream_requests": real.upstream_requests,
                                     "predicted_chars": real.predicted_chars})  # fmt: skip
+    specs = specs or [spec or profile("embedded-cpu")] * runs
     rows: list[CalibrationRow] = []
     for name, settings in POLICIES:
         labs = [
             await asyncio.to_thread(
-                run_lab, Policy(name, settings), events, spec, trace, accuracy, max_tokens=max_tokens, seed=seed
+                run_lab,
+                Policy(name, settings),
+                events,
+                specs[seed],
+                trace,
+                accuracy,
+                max_tokens=max_tokens,
+                seed=seed,
             )
             for seed in range(runs)
         ]  # fmt: skip (its own virtual-time loop; a seed is a run's luck)
@@ -121,8 +143,16 @@ async def measure(
         rows.append(CalibrationRow(policy=name, real=median, runs=real_runs[name],
                                    sim={key: _median([r[key] for r in sims]) for key, _, _ in METRICS},
                                    sim_runs=sims))  # fmt: skip
+    turns = [_summary(s) for s in specs] if profile_turn is not None else []
     return Calibration(trace=trace, edits=sum(1 for e in events if hasattr(e, "offset")), upstream=described,
-                       profile=repr(spec), rows=rows, max_tokens=max_tokens, accuracy=accuracy)  # fmt: skip
+                       profile=repr(specs[0]), rows=rows, max_tokens=max_tokens, accuracy=accuracy,
+                       turn_profiles=turns)  # fmt: skip
+
+
+def _summary(spec: ServerProfile) -> dict[str, float]:
+    """What a turn's profile said, in the figures that move from one profile to the next."""
+    return {"idle_slowdown": spec.idle_slowdown, "decode_tps": spec.decode_tps, "prefill_tps": spec.prefill_tps,
+            "spread": spec.spread, "overhead_ms": spec.overhead_ms}  # fmt: skip
 
 
 def _median(values: Sequence[float | None]) -> float | None:
