@@ -8,12 +8,14 @@ Over `/v1/completions`, streamed, at temperature 0:
   the slope of the cold times less that part;
 - the decode rate of one request, from its token events' arrival (`ignore_eos`, so it runs to `max_tokens`),
   the median over a long request and the repeats below;
-- a plugin's request as typing sends it: the same short request `REPEATS` times one after another (fewer on
-  a slow server), and as many times each after a keystroke's gap of quiet (`TYPING_GAP_S`); how much slower
-  the server answers after the quiet (`idle_slowdown`: on a VM or a GPU that clocks down, a request after a
-  pause is slower than one of a busy stream, by a quarter and more on this project's machine) and how much
-  one such request's time varies (`spread`: the standard deviation of the logarithm of its times); the lab's
-  simulator takes both;
+- a plugin's request as typing sends it, in pairs: the same short request after a keystroke's gap of quiet
+  (`TYPING_GAP_S`), then at once again, `PAIRS` times (fewer on a slow server); how much slower the server
+  answers after the quiet (`idle_slowdown`, the median of the pairs' ratios: on a VM or a GPU that clocks down,
+  a request after a pause is slower than one of a busy stream) and how much one such request's time varies
+  (`spread`, the standard deviation of the logarithm of the quiet ones' times, read robustly: 1.4826 times
+  their median absolute deviation); the lab's simulator takes both. Pairs, not two blocks: a machine's slow
+  moment then slows both of a pair, not one block of the two (five profiles in a row, measured in blocks, gave
+  1.08-1.78x);
 - concurrency: the per-request decode rate with 1..N requests at once (N: the server's slots), and from it
   how much each other running sequence slows one down (`batch_penalty`, as the lab's simulator takes it);
 - whether a client's disconnect stops decoding, and whether it stops a prefill, from the server's own
@@ -43,9 +45,10 @@ from mellum_proxy.upstream.servers import discover
 LENGTHS = (128, 512, 1024, 2048, 4096)  # prompt tokens asked for, up to half the server's context
 DECODE_TOKENS = 64
 CONCURRENT_TOKENS = 32
-REPEATS, REPEAT_TOKENS = 16, 16  # a completion plugin's request, again and again
+PAIRS, REPEAT_TOKENS = 24, 16  # a completion plugin's request, after a quiet and at once again
 TYPING_GAP_S = 0.15  # between keystrokes: the shipped traces' median gap is 136 ms
-REPEAT_BUDGET_S, FEWEST_REPEATS = 4.0, 5  # a slow server is asked fewer times: at least 5, until 4 s are spent
+PAIR_BUDGET_S, FEWEST_PAIRS = 8.0, 5  # a slow server is asked fewer times: at least 5, until 8 s are spent
+MAD_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 # counters of tokens the server computed (prompt) and decoded, by server
 PROMPT_COUNTERS = ("llamacpp:prompt_tokens_total", "vllm:prompt_tokens_total")
 DECODE_COUNTERS = ("llamacpp:tokens_predicted_total", "vllm:generation_tokens_total")
@@ -63,7 +66,7 @@ class Profile(ServerProfile):
     context_tokens: int | None = None
     ttft: list[dict[str, float]] = field(default_factory=list)  # prompt tokens, cold and cached ms
     concurrency: list[dict[str, float]] = field(default_factory=list)  # at once, per-request and total tok/s
-    repeat_ms: list[float] = field(default_factory=list)  # the same request's times, one after another
+    repeat_ms: list[float] = field(default_factory=list)  # the same request, each at once after a quiet one
     spaced_ms: list[float] = field(default_factory=list)  # the same, each after `TYPING_GAP_S` of quiet
     disconnect_stops_decode: bool | None = None
     disconnect_stops_prefill: bool | None = None
@@ -170,23 +173,27 @@ def _overhead(ttft: list[dict[str, float]], decode_tps: float) -> tuple[float, f
 
 
 def spread(times_ms: list[float]) -> float:
-    """How much one request's time varies: the standard deviation of the logarithms of its times (0 with fewer
-    than two)."""
-    positive = [math.log(t) for t in times_ms if t > 0]
-    return statistics.stdev(positive) if len(positive) > 1 else 0.0
+    """How much one request's time varies: the standard deviation of the logarithms of its times, from their
+    median absolute deviation (a few requests caught in a slow moment do not make it; 0 with fewer than two)."""
+    logs = [math.log(t) for t in times_ms if t > 0]
+    if len(logs) < 2:
+        return 0.0
+    middle = statistics.median(logs)
+    return MAD_SIGMA * statistics.median(abs(x - middle) for x in logs)
 
 
-async def _repeated(probe: Prober, quiet_s: float) -> list[Timed]:
-    """The same short request, each after `quiet_s` with nothing sent: `REPEATS` times, or as many as
-    `REPEAT_BUDGET_S` allows (at least `FEWEST_REPEATS`)."""
-    runs: list[Timed] = []
+async def _pairs(probe: Prober) -> tuple[list[Timed], list[Timed]]:
+    """The same short request after `TYPING_GAP_S` of quiet, then at once again: `PAIRS` times, or as many as
+    `PAIR_BUDGET_S` allows (at least `FEWEST_PAIRS`). The quiet ones, and the ones at once."""
+    spaced: list[Timed] = []
+    again: list[Timed] = []
     spent = 0.0
-    while len(runs) < REPEATS and (spent < REPEAT_BUDGET_S or len(runs) < FEWEST_REPEATS):
-        if quiet_s:
-            await asyncio.sleep(quiet_s)  # the quiet being measured, not a wait for anything
-        runs.append(await probe.complete("def again():\n    ", REPEAT_TOKENS))
-        spent += runs[-1].total_s + quiet_s
-    return runs
+    while len(spaced) < PAIRS and (spent < PAIR_BUDGET_S or len(spaced) < FEWEST_PAIRS):
+        await asyncio.sleep(TYPING_GAP_S)  # the quiet being measured, not a wait for anything
+        spaced.append(await probe.complete("def again():\n    ", REPEAT_TOKENS))
+        again.append(await probe.complete("def again():\n    ", REPEAT_TOKENS))
+        spent += TYPING_GAP_S + spaced[-1].total_s + again[-1].total_s
+    return spaced, again
 
 
 def _decode_rate(times: list[float]) -> float | None:
@@ -221,19 +228,19 @@ async def profile(url: str, name: str | None = None, progress: Any = None, shown
             say(f"prompt {tokens} tokens: first token {cold_ms:.0f} ms cold, {cached_ms:.0f} ms cached")
         intercept, slope = _fit(cold_points) if len(cold_points) > 1 else (0.0, cold_points[0][1] / cold_points[0][0])
         long = await probe.complete("def count():\n    ", DECODE_TOKENS)
-        repeats = await _repeated(probe, quiet_s=0.0)
+        spaced, repeats = await _pairs(probe)
         rates = [r for r in (_decode_rate(run.token_times) for run in [long, *repeats]) if r]
         decode = statistics.median(rates) if rates else 0.0
         repeat_ms = [run.total_s * 1000 for run in repeats]
-        spaced_ms = [run.total_s * 1000 for run in await _repeated(probe, quiet_s=TYPING_GAP_S)]
-        slowdown = max(1.0, statistics.median(spaced_ms) / statistics.median(repeat_ms))
+        spaced_ms = [run.total_s * 1000 for run in spaced]
+        slowdown = max(1.0, statistics.median(s / r for s, r in zip(spaced_ms, repeat_ms, strict=True) if r > 0))
         overhead_ms, per_token_ms = _overhead(ttft, decode)
         prefill_s = slope - per_token_ms / 1000  # a cold token's cost less what a cached one costs too
         prefill = 1 / prefill_s if prefill_s > 0 else 1 / slope if slope > 0 else 0.0
         say(
-            f"prefill {prefill:.0f} tok/s, decode {decode:.1f} tok/s; the same request {len(repeat_ms)} times: "
-            f"{statistics.median(repeat_ms):.0f} ms median one after another, {statistics.median(spaced_ms):.0f} ms "
-            f"after {TYPING_GAP_S * 1000:.0f} ms of quiet"
+            f"prefill {prefill:.0f} tok/s, decode {decode:.1f} tok/s; the same request in {len(repeat_ms)} pairs: "
+            f"{statistics.median(spaced_ms):.0f} ms median after {TYPING_GAP_S * 1000:.0f} ms of quiet, "
+            f"{statistics.median(repeat_ms):.0f} ms at once after it ({slowdown:.2f}x)"
         )
         concurrency = []
         for together in range(1, slots + 1):

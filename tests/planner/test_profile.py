@@ -56,3 +56,16 @@ def test_a_file_that_is_not_a_profile_is_refused(tmp_path: Path) -> None:
     path.write_bytes(orjson.dumps({"cells": []}))
     with pytest.raises(ValueError, match="not a profile"):
         sim_profile(str(path))
+
+
+def test_a_few_requests_caught_in_a_slow_moment_do_not_make_the_spread() -> None:
+    """The spread is read from the median absolute deviation: three requests of 23 slowed 4x by the machine
+    leave it where the steady ones put it (the standard deviation tripled)."""
+    import math
+
+    from mellum_proxy.planner.profile import spread
+
+    steady = [100 * math.exp(0.1 * z) for z in (-1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5)] * 3 + [100.0, 100.0]
+    caught = steady + [400.0] * 3
+    assert spread(caught) == pytest.approx(spread(steady), rel=0.3)
+    assert 0.05 < spread(steady) < 0.15
