@@ -54,3 +54,21 @@ async def test_measured_before_each_turn_the_lab_runs_each_turn_on_its_own_profi
     fast, slowed = (run["latency_p95_ms"] for run in result["rows"][0]["sim_runs"])
     assert fast is not None and slowed is not None and slowed > 2 * fast  # run 2 on the slow profile
     assert "2 profiles: idle slowdown 1.00-1.50x" in render(result, "mellum-proxy bench calibrate bursts")
+
+
+async def test_a_turn_that_cannot_be_profiled_keeps_the_turns_run_and_takes_the_profile_before(sim_url: str) -> None:
+    from mellum_proxy.planner.profile import ProfileError
+
+    calls: list[int] = []
+
+    async def profile_turn() -> ServerProfile:
+        calls.append(1)
+        if len(calls) == 2:
+            raise ProfileError("the server answered 503")
+        return PROFILES["fast"]
+
+    seen: list[str] = []
+    result = await measure(burst_trace(), "bursts", sim_url, "sim", max_tokens=4, accuracy=0.0,
+                           progress=seen.append, runs=2, profile_turn=profile_turn)  # fmt: skip
+    assert any(line.startswith("turn 2 could not be profiled (the server answered 503)") for line in seen)
+    assert len(result["rows"][0]["runs"]) == 2 and len(result["turn_profiles"]) == 2  # nothing run is lost

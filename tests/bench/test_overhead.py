@@ -101,3 +101,24 @@ async def test_a_relay_in_its_own_process_has_its_cpu_over_the_round_added(monke
         measured = await overhead._round(session, {"direct": url, "own": url}, 5, body, pids={"own": 4242})
     # the relay's quarter second on top of this process's part, which is about direct's (a few ms of CPU)
     assert measured["own"].cpu_s - 0.25 == pytest.approx(measured["direct"].cpu_s, abs=0.05)
+
+
+def test_a_relay_process_that_does_not_start_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import contextlib
+    from collections.abc import AsyncIterator, Sequence
+
+    from mellum_proxy.bench.runners import overhead
+
+    @contextlib.asynccontextmanager
+    async def dies(argv: Sequence[str], port: int) -> AsyncIterator[int]:
+        raise RuntimeError(f"{argv[2]} exited with 1")
+        yield 0  # an async generator: never reached
+
+    monkeypatch.setattr(overhead, "listening", dies)
+    with pytest.raises(SystemExit) as stopped:
+        main(["bench", "overhead", "--requests", "1", "--rounds", "1", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(err) == 1
+    assert "did not start" in err[0] and "exited with 1" in err[0]

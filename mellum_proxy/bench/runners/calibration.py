@@ -68,7 +68,10 @@ def _calibrate(args: argparse.Namespace) -> None:
         async with upstream_for(args.upstream) as (url, described):
 
             async def each_turn() -> ServerProfile:
-                taken.append(await measured_profile(url, described, args.upstream))
+                if not taken:  # the first: a server that cannot be profiled stops the run before it starts
+                    taken.append(await measured_profile(url, described, args.upstream))
+                else:  # a later one's ProfileError is `measure`'s to take
+                    taken.append(await measure_server(url, described, print, shown_as=args.upstream))
                 return taken[-1]
 
             return await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy, spec=spec,
@@ -114,7 +117,15 @@ async def measure(
     real_runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in POLICIES}
     for turn in range(runs):
         if profile_turn is not None:
-            specs.append(await profile_turn())
+            try:
+                specs.append(await profile_turn())
+            except ProfileError as exc:
+                if not specs:
+                    raise
+                progress(
+                    f"turn {turn + 1} could not be profiled ({exc}): its lab run takes the turn before's profile"
+                )  # fmt: skip (the turns already run are kept)
+                specs.append(specs[-1])
         for name, settings in POLICIES:
             real = await run_policy(Policy(name, settings), list(events), url, max_tokens=max_tokens)
             progress(f"real {name} ({turn + 1}/{runs}): coverage {real.pause_coverage or 0:.0%}, "

@@ -48,7 +48,7 @@ from mellum_proxy.bench.reporting.overhead_report import Overhead, render
 from mellum_proxy.bench.reporting.writing import measured
 from mellum_proxy.bench.runners.processes import listening, wait_healthy
 from mellum_proxy.config import Settings
-from mellum_proxy.console import POSITIVE, command
+from mellum_proxy.console import POSITIVE, command, fail
 from mellum_proxy.http import RECORDS, build_app, serve_app
 from mellum_proxy.http.page import PAGES
 from mellum_proxy.proc import cpu_seconds
@@ -195,7 +195,12 @@ async def _own_processes(upstream: str, folder: Path) -> AsyncIterator[dict[str,
     proxy_argv = [sys.executable, "-m", "mellum_proxy", "serve", "--config", str(config), "--upstream", upstream,
                   "--listen", f"127.0.0.1:{proxy_port}", "--log", str(log), *flags]  # fmt: skip
     floor_argv = [sys.executable, "-m", "mellum_proxy.bench.doubles.floor_relay", str(floor_port), upstream]
-    async with listening(floor_argv, floor_port) as floor_pid, listening(proxy_argv, proxy_port) as proxy_pid:
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            floor_pid = await stack.enter_async_context(listening(floor_argv, floor_port))
+            proxy_pid = await stack.enter_async_context(listening(proxy_argv, proxy_port))
+        except (RuntimeError, TimeoutError) as exc:  # a relay that would not start: said in one line
+            fail(f"bench overhead: a relay in a process of its own did not start: {exc}")
         yield {"parsing_process": (f"http://127.0.0.1:{floor_port}", floor_pid),
                "proxy_process": (f"http://127.0.0.1:{proxy_port}", proxy_pid)}  # fmt: skip
 
