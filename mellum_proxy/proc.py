@@ -44,3 +44,31 @@ def pids() -> list[int]:
         return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
     except OSError:
         return []
+
+
+def thread_ids() -> set[int]:
+    """The ids of this process's threads now (empty where there is no `/proc`)."""
+    try:
+        return {int(entry.name) for entry in Path("/proc/self/task").iterdir()}
+    except OSError:
+        return set()
+
+
+def pin_apart(kept: set[int], cores: int) -> tuple[set[int], set[int]]:
+    """Threads `kept` on `cores` CPUs of their own (the last this process may use), every other thread of this
+    process on the rest; threads made later take their maker's. (kept's CPUs, the rest's).
+
+    Raises `ValueError` where this process may use fewer than two CPUs or cannot pin (no `sched_setaffinity`)."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError("pinning threads to cores needs Linux (sched_setaffinity)")
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        raise ValueError(f"pinning needs two CPUs or more; this process may use {len(allowed)}")
+    split = len(allowed) - max(1, min(cores, len(allowed) - 1))
+    theirs, ours = set(allowed[split:]), set(allowed[:split])
+    for tid in thread_ids():
+        try:
+            os.sched_setaffinity(tid, theirs if tid in kept else ours)
+        except ProcessLookupError:  # a thread that ended since it was listed
+            continue
+    return theirs, ours

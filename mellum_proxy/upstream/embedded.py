@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mellum_proxy.proc import thread_ids
+
 
 def model_name(path: Path) -> str:
     """How a GGUF is named to clients: its file name without `.gguf` (`gemma-3-270m-q4_k_m`)."""
@@ -70,6 +72,7 @@ class EmbeddedServer:
         self.kv_type = kv_type
         self._server: Any = None
         self.url: str | None = None
+        self.thread_ids: set[int] = set()  # the threads the server started (Linux), for `proc.pin_apart`
 
     def start(self) -> str:
         """Load the model and start listening (blocks for the load, about 2 s for gemma-3-270m)."""
@@ -97,7 +100,9 @@ class EmbeddedServer:
         params.cache_type_k = params.cache_type_v = _ggml_type(xllamacpp, self.kv_type)
         if hasattr(params, "fit_params"):
             params.fit_params = False
+        before = thread_ids()
         self._server = xllamacpp.Server(params)
+        self.thread_ids = thread_ids() - before
         self.url = str(self._server.listening_address).rstrip("/")
         self.port = int(self.url.rsplit(":", 1)[1])
         return self.url

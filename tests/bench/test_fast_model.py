@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +13,22 @@ import pytest
 
 from mellum_proxy.bench.doubles.fast_model import FastShape, write_fast_model
 from mellum_proxy.cli import main
+from mellum_proxy.proc import pin_apart, thread_ids
 from mellum_proxy.upstream.embedded import EmbeddedServer
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]
 
 
-def test_the_fast_model_tokenizes_as_gemma_and_completes(tmp_path: Path, embedded_server: Any) -> None:
+def test_the_fast_model_tokenizes_as_gemma_and_completes_pinned_apart(tmp_path: Path, embedded_server: Any) -> None:
     model = tmp_path / "fast.gguf"
     write_fast_model(model, FastShape(hidden=32, layers=1, heads=2, kv_heads=1, ffn=64))
     server = EmbeddedServer(model, ctx_tokens=1024, slots=2)
     url = server.start()
+    allowed = os.sched_getaffinity(0)
+    pinned = len(allowed) > 1  # `--pin-server`: llama.cpp's threads on a CPU of their own, still answering
+    if pinned:
+        theirs, _ = pin_apart(server.thread_ids, server.threads)
+        assert all(os.sched_getaffinity(tid) == theirs for tid in server.thread_ids & thread_ids())
 
     async def ask(base: str, path: str, body: dict[str, Any]) -> Any:
         async with aiohttp.ClientSession() as session, session.post(base + path, json=body) as resp:
@@ -38,6 +45,8 @@ def test_the_fast_model_tokenizes_as_gemma_and_completes(tmp_path: Path, embedde
         asyncio.run(check())
     finally:
         server.stop()
+        for tid in thread_ids() if pinned else ():
+            os.sched_setaffinity(tid, allowed)
 
 
 @pytest.mark.parametrize("argv", [["--hidden", "30", "--heads", "4"], ["--heads", "4", "--kv-heads", "3"]])

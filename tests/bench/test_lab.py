@@ -48,13 +48,62 @@ def test_a_queued_task_whose_client_left_stays_held_until_it_would_start() -> No
     run_virtual(run())
 
 
-def test_a_non_streamed_task_runs_to_its_end_without_its_client() -> None:
+def test_a_short_non_streamed_task_runs_to_its_end_without_its_client() -> None:
     async def run() -> None:
         engine = SimEngine(SLOW)
         task = engine.submit("x" * 33, 4, "abcdefghijkl", stream=False)
         task.leave()
         await engine.idle()
         assert task.completion_tokens == 4
+
+    run_virtual(run())
+
+
+def test_an_abandoned_non_streamed_task_is_cancelled_after_a_second_in_which_no_result_came() -> None:
+    """llama.cpp's handler of a non-streamed request looks at its connection only when a second passes with no
+    result from the server (`HTTP_POLLING_SECONDS`): a task running alone is stopped then."""
+
+    async def run() -> None:
+        engine = SimEngine(SLOW)  # 60 tokens/s: 300 tokens would take 5 s
+        loop = asyncio.get_running_loop()
+        task = engine.submit("x" * 33, 300, "ab" * 2000, stream=False)
+        await asyncio.sleep(0.3)
+        task.leave()
+        await engine.idle()
+        assert task.cancelled and task.finish_reason == "cancelled"
+        assert 1.0 <= loop.time() < 1.0 + 2 / SLOW.decode_tps  # stopped at the first token after the silent second
+        assert 50 <= task.completion_tokens <= 60
+
+    run_virtual(run())
+
+
+def test_results_to_another_request_keep_an_abandoned_non_streamed_task_running() -> None:
+    """Every streamed token wakes the waiting handler, which then never has a silent second to look in."""
+
+    async def run() -> None:
+        engine = SimEngine(replace(SLOW, slots=2))
+        streamed = engine.submit("y" * 33, 200, "cd" * 2000)
+        abandoned = engine.submit("x" * 33, 100, "ab" * 2000, stream=False)
+        await asyncio.sleep(0.3)
+        abandoned.leave()
+        await engine.idle()
+        assert not abandoned.cancelled and abandoned.completion_tokens == 100
+        assert streamed.completion_tokens == 200
+
+    run_virtual(run())
+
+
+def test_a_queued_non_streamed_task_whose_client_left_is_dropped_after_a_silent_second() -> None:
+    async def run() -> None:
+        engine = SimEngine(SLOW)
+        loop = asyncio.get_running_loop()
+        running = engine.submit("x" * 33, 120, "ab" * 2000, stream=False)  # 2 s, sending nothing until its end
+        queued = engine.submit("y" * 33, 4, "cd", stream=False)
+        queued.leave()
+        await engine.changes.wait_for(lambda: engine.held == 1, timeout_s=5)
+        assert queued.dropped and 1.0 <= loop.time() < 1.1 and not running.done
+        await engine.idle()
+        assert running.completion_tokens == 120 and queued.completion_tokens == 0
 
     run_virtual(run())
 

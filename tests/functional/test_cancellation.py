@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import aiohttp
@@ -124,3 +125,32 @@ async def test_timeout_stops_the_server(
             break
     assert body["choices"][0]["text"], "no token before a 9.6 s deadline"
     await assert_decoding_stopped(upstream, predicted, decodes)
+
+
+@pytest.mark.slow
+async def test_llama_cpp_drops_an_abandoned_plain_request_only_after_a_second_without_any_result(
+    embedded_server: EmbeddedServer, upstream: Upstream
+) -> None:
+    """What the simulator's `HTTP_POLLING_S` models: a non-streamed request's handler looks at its connection only
+    after a second in which the server sent no result to anyone. Left unread, the server drops an abandoned one
+    then; read every 100 ms (`bench replay` reads `/metrics` so), each answer wakes the handler and it runs on."""
+    url = str(embedded_server.url) + "/v1/completions"
+
+    async def abandon(max_tokens: int) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.3), upstream.session.post(url, json=LONG | {"max_tokens": max_tokens}) as r:
+                await r.read()
+
+    before, _ = await upstream.counters()
+    await abandon(400)
+    await asyncio.sleep(2.5)  # the server left unread: the silence under test, no event to wait for
+    await upstream.idle_within(10)
+    left_alone = (await upstream.counters())[0] - before
+    assert 0 < left_alone < 400
+
+    before, _ = await upstream.counters()
+    await abandon(60)
+    async with asyncio.timeout(60):
+        while await upstream.busy_slots():  # noqa: ASYNC110 (a reader every 100 ms is the case under test)
+            await asyncio.sleep(0.1)
+    assert (await upstream.counters())[0] - before == 60

@@ -75,6 +75,7 @@ class SimServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         engine = self.engine
+        engine.metrics_read()
         lines = [
             f"llamacpp:prompt_tokens_total {engine.prompt_tokens}",
             f"llamacpp:tokens_predicted_total {engine.tokens_predicted}",

@@ -9,11 +9,12 @@ depend on it:
   dropped then (it still counts as held: `requests_deferred`).
 - Prefill cannot be interrupted: a client that leaves during prefill frees the slot only after it.
   Decoding of a streamed task stops at the next token once the client has gone.
-- A non-streamed task (`stream: false`) runs to its end whether or not its client is still there:
-  measured on the embedded server, 300 abandoned 16-token requests decoded 4,800 tokens
-  (docs/measurements/runs/calibration). Not modelled yet: llama.cpp looks at a waiting non-streamed request's
-  connection once a second (`HTTP_POLLING_SECONDS`) and cancels it if the client has gone, so one that waits
-  longer than that in the queue is dropped there.
+- A non-streamed task (`stream: false`) is not stopped when its client leaves. Its HTTP handler waits for its
+  answer a second at a time (`HTTP_POLLING_SECONDS`), and any result the server sends to any request wakes it and
+  starts the second again; only after a second in which no result came does it look at the connection, and if the
+  client has gone it cancels the task (queued: dropped; running: stopped at its next token). On a server sending
+  results (a stream's every token, another request's end), an abandoned task runs to its end: measured on the
+  embedded server, 300 abandoned 16-token requests decoded 4,800 tokens (docs/measurements/runs/calibration).
 - Each slot keeps its last prompt (the prompt cache); a task takes the free slot whose cache shares
   the longest prefix with its prompt, and only the rest is prefilled.
 - Prefill and decode slow down by `batch_penalty` for each other sequence running.
@@ -65,6 +66,7 @@ class SimTask:
     done: bool = False
     started: bool = False
     dropped: bool = False  # left before a slot took it: never ran
+    cancelled: bool = False  # its handler saw the client gone (a non-streamed task, after a second without results)
     finish_reason: str | None = None
     cached_tokens: int = 0
     changes: Changes = field(default_factory=Changes)
@@ -101,6 +103,9 @@ class _Slot:
         self.cache = ""
 
 
+HTTP_POLLING_S = 1.0  # llama.cpp's `HTTP_POLLING_SECONDS`: how long a non-streamed handler waits for results
+
+
 class SimEngine:
     def __init__(self, spec: ServerProfile, seed: int = 0) -> None:
         self.spec = spec
@@ -117,6 +122,8 @@ class SimEngine:
         self.refused = 0
         self.peak_held = 0
         self.changes = Changes()
+        self.results_sent = 0  # every result the server sent: a streamed token, a task's end
+        self._results = Changes()
 
     @property
     def deferred(self) -> int:
@@ -142,10 +149,43 @@ class SimEngine:
         task = SimTask(prompt, prompt_tokens, max_tokens, text, loop.time(), stream)
         self._queue.append(task)
         self._note()
-        runner = loop.create_task(self._run(task))
-        self._running.add(runner)
-        runner.add_done_callback(self._running.discard)
+        for work in (self._run(task), None if stream else self._handle(task)):
+            if work is not None:
+                runner = loop.create_task(work)
+                self._running.add(runner)
+                runner.add_done_callback(self._running.discard)
         return task
+
+    def _sent(self) -> None:
+        self.results_sent += 1
+        self._results.notify()
+
+    def _heard(self, task: SimTask, before: int) -> bool:
+        return task.done or self.results_sent != before
+
+    def metrics_read(self) -> None:
+        """A `/metrics` answer: llama.cpp answers it through its task queue, so like any result it wakes every
+        waiting handler (measured: read every 50 ms, an abandoned non-streamed request ran all 300 of its tokens;
+        left unread, it stopped after 21)."""
+        self._sent()
+
+    async def read_metrics_every(self, period_s: float) -> None:
+        """Read `/metrics` every `period_s`, as `bench replay` does beside a real server, until cancelled."""
+        while True:
+            self.metrics_read()
+            await asyncio.sleep(period_s)
+
+    async def _handle(self, task: SimTask) -> None:
+        """A non-streamed request's HTTP handler: it waits for the answer a second at a time, each result the
+        server sends (to anyone) starting the second again; after a silent second, a client gone cancels it."""
+        while not task.done:
+            try:
+                await self._results.wait_for(partial(self._heard, task, self.results_sent), HTTP_POLLING_S)
+            except TimeoutError:
+                if task.gone:
+                    task.cancelled = True
+                    self.changes.notify()  # a queued task leaves the queue now
+                    return
 
     def _note(self) -> None:
         self.peak_held = max(self.peak_held, self.held)
@@ -160,10 +200,10 @@ class SimEngine:
     async def _run(self, task: SimTask) -> None:
         size = min(task.prompt_tokens + task.max_tokens, self.spec.kv_tokens // self.spec.slots)
         try:
-            await self.changes.wait_for(lambda: self._queue[0] is task and self._free_slot("") is not None,
-                                        timeout_s=math.inf)  # fmt: skip
-            self._queue.pop(0)
-            if task.gone and task.streamed:  # left while queued: dropped when it would have started
+            await self.changes.wait_for(lambda: task.cancelled or (self._queue[0] is task and
+                                        self._free_slot("") is not None), timeout_s=math.inf)  # fmt: skip
+            self._queue.remove(task)
+            if task.cancelled or (task.gone and task.streamed):  # left while queued: dropped, never run
                 task.dropped = True
                 return
             slot = self._free_slot(task.prompt)
@@ -182,6 +222,8 @@ class SimEngine:
         finally:
             task.done = True
             task.changes.notify()
+            if not task.dropped and task.finish_reason != "cancelled":
+                self._sent()  # its answer's end (a cancelled task's client is sent nothing)
             self._note()
 
     async def _generate(self, task: SimTask, slot: _Slot, slowdown: float) -> None:
@@ -197,7 +239,7 @@ class SimEngine:
         self.prompt_tokens_cached += cached
         pieces = _pieces(task.text, spec.chars_per_token)[: task.max_tokens]
         for piece in pieces:
-            if task.gone and task.streamed:
+            if task.gone and (task.streamed or task.cancelled):
                 task.finish_reason = "cancelled"
                 return
             await asyncio.sleep(factor * self._slowdown() / spec.decode_tps)  # one decode step
@@ -205,6 +247,8 @@ class SimEngine:
             slot.cache += piece
             task.pieces.append(piece)
             task.changes.notify()
+            if task.streamed:
+                self._sent()
         task.finish_reason = "stop" if len(pieces) < task.max_tokens else "length"
 
     def _slowdown(self) -> float:

@@ -26,7 +26,7 @@ from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.lab import run_lab
 from mellum_proxy.bench.runners.policy import Policy
 from mellum_proxy.bench.runners.replay import run_policy
-from mellum_proxy.bench.runners.upstreams import upstream_for
+from mellum_proxy.bench.runners.upstreams import PIN_HELP, upstream_for
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.trace import Event, TraceError, limited
 from mellum_proxy.console import POSITIVE, SHARE, command, fail
@@ -51,6 +51,7 @@ def add_commands(commands: Any) -> None:
                                 "to median [default: 1]")  # fmt: skip
     calibrate.add_argument("--upstream", default="embedded",
                            help="the real server: embedded, fast (the fast model), a URL")  # fmt: skip
+    calibrate.add_argument("--pin-server", action="store_true", help=PIN_HELP)
     calibrate.add_argument("--accuracy", type=SHARE, default=0.0,
                            help="the simulated model's (gemma is not a FIM model) [default: 0]")  # fmt: skip
 
@@ -65,7 +66,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     taken: list[ServerProfile] = []
 
     async def run() -> Calibration:
-        async with upstream_for(args.upstream) as (url, described):
+        async with upstream_for(args.upstream, args.pin_server) as (url, described):
 
             async def each_turn() -> ServerProfile:
                 if not taken:  # the first: a server that cannot be profiled stops the run before it starts

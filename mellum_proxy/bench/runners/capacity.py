@@ -21,7 +21,7 @@ from mellum_proxy.assembly import build_service
 from mellum_proxy.bench.doubles.sim_engine import SimEngine
 from mellum_proxy.bench.reporting.capacity_report import CapacityRun
 from mellum_proxy.bench.runners.lab_parts import EngineSource, LabEditor, Writer
-from mellum_proxy.bench.runners.playback import Clock, pause_starts, play
+from mellum_proxy.bench.runners.playback import METRICS_PERIOD_S, Clock, pause_starts, play
 from mellum_proxy.bench.runners.policy import Policy
 from mellum_proxy.bench.workloads.editor import Accounting, account
 from mellum_proxy.bench.workloads.trace import Event, next_typed
@@ -93,8 +93,10 @@ async def _team(
             await service.drain()
         return account(marks, editor.results, PAUSE_MS, truth, last_look_ms=max_gap_ms)
 
+    reader = asyncio.ensure_future(engine.read_metrics_every(METRICS_PERIOD_S))  # as `bench capacity` reads it
     accounts = await asyncio.gather(*(developer(i, events) for i, events in enumerate(traces)))
     await engine.idle()
+    reader.cancel()
     return list(accounts), engine.requests
 
 

@@ -3,9 +3,9 @@ the lab's answer for the same server.
 
 The lab's team (`mellum_proxy.bench.runners.capacity`) typed on a real scheduler: N developers at once, developer
 i typing trace i mod T from `STAGGER_MS` x i, each through a proxy of its own, all proxies and simulated plugins in
-this one process (so on a small machine they take one core, and the server has the other), in real time. The
-same rule judges both: pooled pause-to-suggestion p95 at most `P95_LIMIT_MS`, mean pause coverage at least
-`COVERAGE_SHARE` of the same developers' alone. N grows through the list until a step fails. The lab runs the
+this one process, in real time (with `--pin-server` the embedded server keeps a core of its own and they take the
+others). The same rule judges both: pooled pause-to-suggestion p95 at most `P95_LIMIT_MS`, mean pause coverage at
+least `COVERAGE_SHARE` of the same developers' alone. N grows through the list until a step fails. The lab runs the
 same traces and counts in virtual time on the server's profile: one file, or `measure` (this server, profiled
 first, as `mellum-proxy profile` does).
 """
@@ -34,7 +34,7 @@ from mellum_proxy.bench.runners.capacity import measure as lab_capacity
 from mellum_proxy.bench.runners.lab import MAX_GAP_MS
 from mellum_proxy.bench.runners.policy import Policy, parse_policy
 from mellum_proxy.bench.runners.replay import run_developers
-from mellum_proxy.bench.runners.upstreams import upstream_for
+from mellum_proxy.bench.runners.upstreams import PIN_HELP, upstream_for
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.trace import Event, TraceError, limited
 from mellum_proxy.console import POSITIVE, command, fail
@@ -47,6 +47,7 @@ def add_commands(commands: Any) -> None:
     capacity.add_argument("traces", nargs="+", type=Path)
     capacity.add_argument("--upstream", default="fast", help="the real server: fast (the fast model), embedded, a URL "
                           "[default: fast]")  # fmt: skip
+    capacity.add_argument("--pin-server", action="store_true", help=PIN_HELP)
     capacity.add_argument("--developers", default="1,2,4,8", metavar="N[,N...]",
                           help="the counts to try, ascending [default: 1,2,4,8]")  # fmt: skip
     capacity.add_argument("--policy", action="append", help="NAME[:key=value,...] [default: direct and defaults]")
@@ -67,7 +68,7 @@ def _capacity(args: argparse.Namespace) -> None:
         fail(str(exc))
 
     async def run() -> tuple[CapacityRun, str, ServerProfile]:
-        async with upstream_for(args.upstream) as (url, described):
+        async with upstream_for(args.upstream, args.pin_server) as (url, described):
             measured = spec or await measured_profile(url, described, args.upstream)
             return await measure(traces, url, policies, counts, args.max_tokens), described, measured
 

@@ -30,7 +30,7 @@ from mellum_proxy.bench.reporting.lab_report import Lab
 from mellum_proxy.bench.reporting.results import LabResult, Seen
 from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.lab_parts import EngineSource, LabEditor, Writer
-from mellum_proxy.bench.runners.playback import Clock, gaps_after, pause_starts, play
+from mellum_proxy.bench.runners.playback import METRICS_PERIOD_S, Clock, gaps_after, pause_starts, play
 from mellum_proxy.bench.runners.policy import Policy, parse_policy
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.corpus import CODE_DIR, shipped_traces
@@ -163,6 +163,7 @@ async def _replay(
         service = build_service(tree, source, CharsEstimator(), Telemetry(records), spec.slots)
     clock = Clock()
     editor = LabEditor(policy, engine, source, service, clock, max_tokens)
+    reader = asyncio.ensure_future(engine.read_metrics_every(METRICS_PERIOD_S))  # as `bench replay` reads a server
     marks = await play(
         events, max_gap_ms, editor, clock, only=pause_starts(events, max_gap_ms, pause_ms) if policy.oracle else None
     )
@@ -171,6 +172,7 @@ async def _replay(
     if service is not None:
         await service.drain()
     await engine.idle()
+    reader.cancel()
     return marks, editor.results, engine, source.tasks, records
 
 

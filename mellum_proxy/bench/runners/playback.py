@@ -16,6 +16,8 @@ from typing import Protocol
 from mellum_proxy.bench.workloads.editor import EditMark
 from mellum_proxy.bench.workloads.trace import Documents, Edit, Event
 
+METRICS_PERIOD_S = 0.1  # how often a replay reads the server's `/metrics` (the lab's simulated server, likewise)
+
 
 class Clock:
     """Milliseconds since it was made, on the running loop's clock: real, or `looptime`'s virtual one."""

@@ -22,9 +22,9 @@ from mellum_proxy.bench.reporting import replay_report
 from mellum_proxy.bench.reporting.results import PolicyResult, Seen
 from mellum_proxy.bench.reporting.team_report import developers_markdown
 from mellum_proxy.bench.reporting.writing import command_line, progress_bar
-from mellum_proxy.bench.runners.playback import Clock, pause_starts, play
+from mellum_proxy.bench.runners.playback import METRICS_PERIOD_S, Clock, pause_starts, play
 from mellum_proxy.bench.runners.policy import Policy, parse_policy, proxy_for
-from mellum_proxy.bench.runners.upstreams import upstream_for
+from mellum_proxy.bench.runners.upstreams import PIN_HELP, upstream_for
 from mellum_proxy.bench.workloads.convert import load_trace
 from mellum_proxy.bench.workloads.editor import Plugin, account
 from mellum_proxy.bench.workloads.trace import Documents, Edit, Event, TraceError, limited, next_typed
@@ -38,6 +38,7 @@ def add_commands(commands: Any) -> None:
     replay = command(commands, "replay", "replay traces under several policies against one upstream", _replay)
     replay.add_argument("traces", nargs="+", type=Path)
     replay.add_argument("--upstream", required=True, help="URL, 'embedded', or 'sim[:PROFILE]' (embedded-cpu, fast)")
+    replay.add_argument("--pin-server", action="store_true", help=PIN_HELP)
     replay.add_argument(
         "--policy", action="append", required=True, help="NAME[:key=value,...]; 'direct' is the baseline"
     )
@@ -74,7 +75,7 @@ def _replay(args: argparse.Namespace) -> None:
 
 
 async def _run_all(args: argparse.Namespace, policies: list[Policy], events: list[Event]) -> None:
-    async with upstream_for(args.upstream) as (url, described):
+    async with upstream_for(args.upstream, args.pin_server) as (url, described):
         print(f"upstream: {described}")
         print("order: " + " -> ".join(p.name for p in policies))
         results = []
@@ -94,7 +95,7 @@ async def _run_all(args: argparse.Namespace, policies: list[Policy], events: lis
 
 async def _run_developers(args: argparse.Namespace, policies: list[Policy], developers: list[list[Event]]) -> None:
     results = []
-    async with upstream_for(args.upstream) as (url, described):
+    async with upstream_for(args.upstream, args.pin_server) as (url, described):
         print(f"upstream: {described}; {len(developers)} developers at once, each with its own proxy")
         for policy in policies:
             group = await run_developers(policy, developers, url, args.pause_ms, args.max_gap_ms, args.max_tokens)
@@ -265,4 +266,4 @@ async def _sample(
         if metrics:
             out.append((clock.now_ms() / 1000, metrics.get("requests_processing", 0),
                         metrics.get("requests_deferred", 0)))  # fmt: skip
-        await asyncio.sleep(0.1)  # the sampling period
+        await asyncio.sleep(METRICS_PERIOD_S)

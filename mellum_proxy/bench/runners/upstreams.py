@@ -5,18 +5,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from mellum_proxy.console import fail
+from mellum_proxy.proc import pin_apart
 from mellum_proxy.upstream.health import server_problem, unreachable_line
 from mellum_proxy.urls import upstream_base_url
 
+if TYPE_CHECKING:
+    from mellum_proxy.upstream.embedded import EmbeddedServer
+
+
+PIN_HELP = (
+    "the embedded server's threads (embedded, fast) on a core of their own, this process's on the others, "
+    "as a GPU keeps the model's work off the proxy's CPU [default: off]"
+)
+
 
 @contextlib.asynccontextmanager
-async def upstream_for(spec: str) -> AsyncIterator[tuple[str, str]]:
+async def upstream_for(spec: str, pin_server: bool = False) -> AsyncIterator[tuple[str, str]]:
     """(URL, description) of the upstream: a URL, `embedded`, `fast` (the embedded llama.cpp on the fast model,
-    `mellum_proxy.bench.doubles.fast_model`), or `sim[:PROFILE]`."""
+    `mellum_proxy.bench.doubles.fast_model`), or `sim[:PROFILE]`.
+
+    `pin_server`: the embedded server's threads on cores of their own and this process's (the proxy's, the
+    simulated plugins') on the others, as a GPU keeps the model's work off the proxy's CPU; only for `embedded`
+    and `fast` (one line and exit 2 for another)."""
+    if pin_server and spec not in ("fast", "embedded"):
+        fail(f"--pin-server pins the embedded server's threads: it needs --upstream embedded or fast, not {spec}")
     if spec == "fast":
         from mellum_proxy.bench.doubles.fast_model import FastShape, fast_model
         from mellum_proxy.upstream.embedded import EmbeddedServer
@@ -26,7 +43,8 @@ async def upstream_for(spec: str) -> AsyncIterator[tuple[str, str]]:
         server = EmbeddedServer(model, ctx_tokens=8192, slots=2)
         url = await asyncio.to_thread(server.start)
         try:
-            yield url, f"embedded llama.cpp on the fast model ({shape.name}, random weights, 2 slots x 4096, CPU)"
+            described = f"embedded llama.cpp on the fast model ({shape.name}, random weights, 2 slots x 4096, CPU)"
+            yield url, described + (_pinned(server) if pin_server else "")
         finally:
             await asyncio.to_thread(server.stop)
     elif spec == "embedded":
@@ -35,7 +53,8 @@ async def upstream_for(spec: str) -> AsyncIterator[tuple[str, str]]:
         server = EmbeddedServer(ctx_tokens=4096, slots=2)
         url = await asyncio.to_thread(server.start)
         try:
-            yield url, "embedded llama.cpp (gemma-3-270m Q4_K_M, 2 slots x 2048 tokens, CPU)"
+            described = "embedded llama.cpp (gemma-3-270m Q4_K_M, 2 slots x 2048 tokens, CPU)"
+            yield url, described + (_pinned(server) if pin_server else "")
         finally:
             await asyncio.to_thread(server.stop)
     elif spec.startswith("sim"):
@@ -51,6 +70,19 @@ async def upstream_for(spec: str) -> AsyncIterator[tuple[str, str]]:
         if problem is not None:
             fail(unreachable_line(url, problem))  # one line and exit 2, before a replay of zeros
         yield url, spec
+
+
+def _pinned(server: EmbeddedServer) -> str:
+    """Pin `server`'s threads apart from this process's (`pin_server`); how the description says so."""
+    try:
+        theirs, ours = pin_apart(server.thread_ids, server.threads)
+    except ValueError as exc:
+        fail(f"--pin-server: {exc}")
+    return f"; its threads on CPU {_cpus(theirs)}, the bench and proxy on {_cpus(ours)}"
+
+
+def _cpus(cpus: set[int]) -> str:
+    return ",".join(str(cpu) for cpu in sorted(cpus))
 
 
 async def context_limit(url: str) -> int | None:
