@@ -1,5 +1,5 @@
-"""What Linux's `/proc` says about a process: its memory, its session, its CPU time. None where there is no
-`/proc` (macOS) or the process is gone."""
+"""What Linux's `/proc` says about a process: its memory, threads, open files, session and CPU time (None where
+there is no `/proc`, as on macOS, or the process is gone); and this process's threads, pinned apart."""
 
 from __future__ import annotations
 
@@ -7,15 +7,34 @@ import os
 from pathlib import Path
 
 
-def memory_mib(pid: int, field: str = "VmRSS") -> float | None:
-    """A memory line of `/proc/PID/status` in MiB: `VmRSS` (resident now) or `VmHWM` (its peak)."""
+def _status(pid: int, field: str) -> int | None:
+    """The number on a line of `/proc/PID/status` (`VmRSS:  1234 kB`, `Threads:  7`)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(f"{field}:"):
-                return int(line.split()[1]) / 1024  # kB
+                return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def memory_mib(pid: int, field: str = "VmRSS") -> float | None:
+    """A memory line of `/proc/PID/status` in MiB: `VmRSS` (resident now) or `VmHWM` (its peak)."""
+    kib = _status(pid, field)
+    return None if kib is None else kib / 1024
+
+
+def threads(pid: int) -> int | None:
+    """How many threads the process runs."""
+    return _status(pid, "Threads")
+
+
+def open_files(pid: int) -> int | None:
+    """How many file descriptors the process holds open."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
 
 
 def _stat(pid: int) -> list[str] | None:

@@ -21,6 +21,10 @@ def test_a_live_process_has_memory_a_session_and_cpu_time() -> None:
     assert proc.session_id(me) == os.getsid(0)
     spent = proc.cpu_seconds(me)
     assert spent is not None and spent > 0
+    assert (proc.threads(me) or 0) >= threading.active_count() and len(proc.thread_ids()) >= threading.active_count()
+    files = proc.open_files(me)
+    with open(__file__) as _held:
+        assert files is not None and proc.open_files(me) == files + 1
     assert me in proc.pids()
 
 
@@ -28,6 +32,7 @@ def test_a_process_that_is_gone_reads_as_none() -> None:
     child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     gone = int(child.stdout)
     assert proc.memory_mib(gone) is None and proc.session_id(gone) is None and proc.cpu_seconds(gone) is None
+    assert proc.threads(gone) is None and proc.open_files(gone) is None
 
 
 needs_two_cpus = pytest.mark.skipif(

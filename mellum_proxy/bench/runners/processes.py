@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
-from pathlib import Path
 
 import aiohttp
 
 from mellum_proxy.planner.probe import host_rss_mib
+from mellum_proxy.proc import open_files, threads
 
 
 async def wait_healthy(
@@ -49,10 +48,11 @@ def rss_mib(pid: int) -> float:
 
 
 def process_state(pid: int) -> dict[str, float]:
-    """VmRSS (MiB), open file descriptors and threads of a process, from /proc."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    threads = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:"))
-    return {"rss_mib": rss_mib(pid), "fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": threads}
+    """VmRSS (MiB), open file descriptors and threads of a live process, from /proc."""
+    fds, running = open_files(pid), threads(pid)
+    if fds is None or running is None:
+        raise RuntimeError(f"no /proc state for process {pid}")
+    return {"rss_mib": rss_mib(pid), "fds": fds, "threads": running}
 
 
 @contextlib.contextmanager
