@@ -6,7 +6,7 @@ import pytest
 
 from mellum_proxy.bench.doubles.sim import PROFILES
 from mellum_proxy.bench.reporting.calibration_report import render
-from mellum_proxy.bench.runners.calibration import measure
+from mellum_proxy.bench.runners.calibration import ORACLE, POLICIES, measure
 from mellum_proxy.planner.server_profile import ServerProfile
 from tests.bench.bursts import burst_trace
 
@@ -72,3 +72,15 @@ async def test_a_turn_that_cannot_be_profiled_keeps_the_turns_run_and_takes_the_
                            progress=seen.append, runs=2, profile_turn=profile_turn)  # fmt: skip
     assert any(line.startswith("turn 2 could not be profiled (the server answered 503)") for line in seen)
     assert len(result["rows"][0]["runs"]) == 2 and len(result["turn_profiles"]) == 2  # nothing run is lost
+
+
+async def test_with_the_oracle_it_takes_its_turn_after_the_defaults_and_sends_one_request_a_pause(sim_url: str) -> None:
+    seen: list[str] = []
+    result = await measure(burst_trace(), "bursts", sim_url, "sim", max_tokens=4, accuracy=0.0, progress=seen.append,
+                           spec=PROFILES["fast"], runs=1, policies=(*POLICIES, ORACLE))  # fmt: skip
+    assert [line.split(":")[0] for line in seen] == ["real direct (1/1)", "real defaults (1/1)", "real oracle (1/1)"]
+    oracle = result["rows"][2]
+    assert oracle["policy"] == "oracle"
+    sent = oracle["real"]["upstream_requests"]
+    assert sent is not None and 0 < sent < 24 and oracle["sim"]["upstream_requests"] == sent  # one a pause
+    assert "| oracle | upstream requests |" in render(result, "mellum-proxy bench calibrate bursts --oracle")

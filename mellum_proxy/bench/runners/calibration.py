@@ -1,5 +1,6 @@
 """`mellum-proxy bench calibrate`: the same trace on the real embedded llama.cpp server (real time) and
-in the lab on `sim:embedded-cpu` (virtual time), for `direct` and the defaults, side by side.
+in the lab on `sim:embedded-cpu` (virtual time), for `direct` and the defaults (and the oracle, with `--oracle`),
+side by side.
 
 The simulator is trusted for a policy choice only where the two agree: within 15 % on pause coverage,
 pause->shown p95, upstream requests and the server's peak held requests (running + queued, from its own
@@ -52,6 +53,9 @@ def add_commands(commands: Any) -> None:
     calibrate.add_argument("--upstream", default="embedded",
                            help="the real server: embedded, fast (the fast model), a URL")  # fmt: skip
     calibrate.add_argument("--pin-server", action="store_true", help=PIN_HELP)
+    calibrate.add_argument("--oracle", action="store_true",
+                           help="the oracle too (one request per pause, sent the moment typing stops), taking its "
+                                "turn after the defaults [default: off]")  # fmt: skip
     calibrate.add_argument("--accuracy", type=SHARE, default=0.0,
                            help="the simulated model's (gemma is not a FIM model) [default: 0]")  # fmt: skip
 
@@ -76,7 +80,8 @@ def _calibrate(args: argparse.Namespace) -> None:
                 return taken[-1]
 
             return await measure(events, args.trace.name, url, described, args.max_tokens, args.accuracy, spec=spec,
-                                 runs=args.runs, profile_turn=None if spec else each_turn)  # fmt: skip
+                                 runs=args.runs, profile_turn=None if spec else each_turn,
+                                 policies=POLICIES + ((ORACLE,) if args.oracle else ()))  # fmt: skip
 
     result = asyncio.run(run())
     write_report(args.out, "calibration", result, render)
@@ -100,13 +105,14 @@ def keep_measured(out: Path, measured: ServerProfile, name: str = "profile.json"
 
 
 MEASURE = "measure"
-POLICIES: tuple[tuple[str, dict[str, Any] | None], ...] = (("direct", None), ("defaults", {}))
+POLICIES: tuple[Policy, ...] = (Policy("direct", None), Policy("defaults", {}))
+ORACLE = Policy("oracle", None, oracle=True)
 
 
 async def measure(
     events: Sequence[Event], trace: str, url: str, described: str, max_tokens: int, accuracy: float,
     progress: Callable[[str], None] = print, spec: ServerProfile | None = None, runs: int = 1,
-    profile_turn: Callable[[], Awaitable[ServerProfile]] | None = None,
+    profile_turn: Callable[[], Awaitable[ServerProfile]] | None = None, policies: Sequence[Policy] = POLICIES,
 ) -> Calibration:  # fmt: skip
     """Each policy `runs` times on the real server (taking turns) and `runs` times in the lab (seeds 0.., each its
     own luck where the profile has a `spread`); per metric each side's runs and their median.
@@ -115,7 +121,7 @@ async def measure(
     server moves with the machine as the real one does and its median is over as many profiles as the real median
     is over runs (one profile taken at a slow moment moved the lab's p95 by 15-20 %); else `spec` for every run."""
     specs: list[ServerProfile] = []
-    real_runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in POLICIES}
+    real_runs: dict[str, list[dict[str, Any]]] = {policy.name: [] for policy in policies}
     for turn in range(runs):
         if profile_turn is not None:
             try:
@@ -127,8 +133,9 @@ async def measure(
                     f"turn {turn + 1} could not be profiled ({exc}): its lab run takes the turn before's profile"
                 )  # fmt: skip (the turns already run are kept)
                 specs.append(specs[-1])
-        for name, settings in POLICIES:
-            real = await run_policy(Policy(name, settings), list(events), url, max_tokens=max_tokens)
+        for policy in policies:
+            name = policy.name
+            real = await run_policy(policy, list(events), url, max_tokens=max_tokens)
             progress(f"real {name} ({turn + 1}/{runs}): coverage {real.pause_coverage or 0:.0%}, "
                      f"p95 {real.latency_p95_ms or 0:.0f} ms, {real.upstream_requests} requests")  # fmt: skip
             real_runs[name].append({"pause_coverage": real.pause_coverage, "latency_p95_ms": real.latency_p95_ms,
@@ -136,11 +143,12 @@ async def measure(
                                     "predicted_chars": real.predicted_chars})  # fmt: skip
     specs = specs or [spec or profile("embedded-cpu")] * runs
     rows: list[CalibrationRow] = []
-    for name, settings in POLICIES:
+    for policy in policies:
+        name = policy.name
         labs = [
             await asyncio.to_thread(
                 run_lab,
-                Policy(name, settings),
+                policy,
                 events,
                 specs[seed],
                 trace,
