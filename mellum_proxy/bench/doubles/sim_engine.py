@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -149,12 +149,15 @@ class SimEngine:
         task = SimTask(prompt, prompt_tokens, max_tokens, text, loop.time(), stream)
         self._queue.append(task)
         self._note()
-        for work in (self._run(task), None if stream else self._handle(task)):
-            if work is not None:
-                runner = loop.create_task(work)
-                self._running.add(runner)
-                runner.add_done_callback(self._running.discard)
+        self._start(self._run(task))
+        if not stream:
+            self._start(self._handle(task))
         return task
+
+    def _start(self, work: Coroutine[None, None, None]) -> None:
+        runner = asyncio.get_running_loop().create_task(work)
+        self._running.add(runner)
+        runner.add_done_callback(self._running.discard)
 
     def _sent(self) -> None:
         self.results_sent += 1
