@@ -6,7 +6,8 @@ import pytest
 
 from mellum_proxy.bench.doubles.sim import PROFILES
 from mellum_proxy.bench.reporting.calibration_report import render
-from mellum_proxy.bench.runners.calibration import ORACLE, POLICIES, measure
+from mellum_proxy.bench.runners.calibration import POLICIES, measure
+from mellum_proxy.bench.runners.lab import ORACLE
 from mellum_proxy.planner.server_profile import ServerProfile
 from tests.bench.bursts import burst_trace
 

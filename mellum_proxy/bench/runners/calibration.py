@@ -24,7 +24,7 @@ from typing import Any
 from mellum_proxy.bench.doubles.sim import profile
 from mellum_proxy.bench.reporting.calibration_report import METRICS, Calibration, CalibrationRow, render
 from mellum_proxy.bench.reporting.writing import write_report
-from mellum_proxy.bench.runners.lab import run_lab
+from mellum_proxy.bench.runners.lab import ORACLE, run_lab
 from mellum_proxy.bench.runners.policy import Policy
 from mellum_proxy.bench.runners.replay import run_policy
 from mellum_proxy.bench.runners.upstreams import PIN_HELP, upstream_for
@@ -106,7 +106,6 @@ def keep_measured(out: Path, measured: ServerProfile, name: str = "profile.json"
 
 MEASURE = "measure"
 POLICIES: tuple[Policy, ...] = (Policy("direct", None), Policy("defaults", {}))
-ORACLE = Policy("oracle", None, oracle=True)
 
 
 async def measure(
