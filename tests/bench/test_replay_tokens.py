@@ -1,5 +1,6 @@
 """`bench replay` counts the tokens of an answer that came without `usage` (ended early by the proxy) with
-the server's own tokenizer, so a cleaned completion's shown tokens are not counted as waste."""
+the server's own tokenizer, so a cleaned completion's shown tokens are not counted as waste; and it reads the
+server's own decode time a token from its counters."""
 
 from __future__ import annotations
 
@@ -31,3 +32,26 @@ async def test_a_server_that_cannot_count_leaves_it_at_zero(fake_upstream: Any) 
     async with aiohttp.ClientSession() as session:
         await count_unmetered(session, url, [cleaned])
     assert cleaned.completion_tokens == 0
+
+
+@pytest.mark.embedded
+async def test_the_servers_decode_time_a_token_comes_from_its_own_counters(embedded_server: Any) -> None:
+    """llama.cpp's `tokens_predicted_seconds_total` over `tokens_predicted_total`, read before and after the run:
+    what `bench calibrate` holds the lab's decode speed to."""
+    from mellum_proxy.bench.runners.policy import parse_policy
+    from mellum_proxy.bench.runners.replay import run_policy
+    from tests.bench.bursts import burst_trace
+
+    result = await run_policy(parse_policy("direct"), burst_trace()[:6], embedded_server.url, max_tokens=4)
+    assert result.upstream_completion_tokens and result.decode_ms_per_token is not None
+    assert 0 < result.decode_ms_per_token < 10_000
+
+
+async def test_a_server_without_the_counters_has_no_decode_time(fake_upstream: Any) -> None:
+    from mellum_proxy.bench.runners.policy import parse_policy
+    from mellum_proxy.bench.runners.replay import run_policy
+    from tests.bench.bursts import burst_trace
+
+    _, url = await fake_upstream()
+    result = await run_policy(parse_policy("direct"), burst_trace()[:3], url, max_tokens=4)
+    assert result.decode_ms_per_token is None

@@ -81,3 +81,22 @@ def test_the_overhead_is_the_line_through_the_cached_first_tokens_less_one_decod
     flat = [{"prompt_tokens": n, "cached_ms": 9.0, "cold_ms": 0.0} for n in (100, 400)]
     fixed, per_token = _overhead(flat, decode_tps=250)  # no growth seen: all of it fixed
     assert fixed == pytest.approx(5.0) and per_token == 0.0
+
+
+def test_decode_time_is_counted_as_llama_cpp_counts_it_first_token_to_last_cancelled_tasks_too() -> None:
+    """`tokens_predicted_seconds_total` runs from a task's first token to its last, and a task whose client left
+    counts the tokens it made (measured on the embedded server: 12 tokens of a stream left after 10)."""
+
+    async def run() -> tuple[float, int, int]:
+        engine = SimEngine(replace(ONE, overhead_ms=0, spread=0, idle_slowdown=1), seed=0)
+        whole = engine.submit("a", 4, "abcdefghijklmnop")
+        await whole.changes.wait_for(lambda: whole.done, timeout_s=math.inf)
+        left = engine.submit("b", 4, "abcdefghijklmnop")
+        await left.changes.wait_for(lambda: len(left.pieces) == 2, timeout_s=math.inf)
+        left.leave()
+        await engine.idle()
+        return engine.decode_seconds, engine.tokens_predicted, len(left.pieces)
+
+    seconds, tokens, made = run_virtual(run())
+    assert 2 <= made < 4 and tokens == 4 + made  # the one left stopped at its next token
+    assert seconds == pytest.approx((4 - 1) * 0.010 + (made - 1) * 0.010)  # each: the steps after its first token

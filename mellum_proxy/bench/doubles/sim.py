@@ -79,6 +79,7 @@ class SimServer:
         lines = [
             f"llamacpp:prompt_tokens_total {engine.prompt_tokens}",
             f"llamacpp:tokens_predicted_total {engine.tokens_predicted}",
+            f"llamacpp:tokens_predicted_seconds_total {engine.decode_seconds}",
             f"llamacpp:requests_processing {engine.active}",
             f"llamacpp:requests_deferred {engine.deferred}",
         ]

@@ -22,6 +22,8 @@ depend on it:
   for each task, log-normal, from a generator seeded at the engine's making, so a lab run repeats exactly),
   and a request that finds nothing running takes `idle_slowdown` times longer: a server a moment idle answers
   slower than a busy one (measured by `mellum-proxy profile`: 1.26-1.48x on this project's 2-core VM).
+- Decode time is counted as llama.cpp's `/metrics` counts it (`tokens_predicted_seconds_total`): from each
+  task's first token to its last, a task whose client left included.
 - The KV cache is split among the slots (`kv_tokens / slots` each, llama.cpp's `n_ctx` per slot): a prompt
   longer than a slot's context is refused at once (llama.cpp's 400 `exceed_context_size_error`); waiting in
   the queue takes none of it, so any number of tasks may wait (llama.cpp queues, it does not refuse).
@@ -116,6 +118,7 @@ class SimEngine:
         self.active = 0
         self.kv_in_use = 0
         self.tokens_predicted = 0
+        self.decode_seconds = 0.0  # llama.cpp's `tokens_predicted_seconds_total`: each task's first token to its last
         self.prompt_tokens = 0  # computed (prefilled), not served from cache
         self.prompt_tokens_cached = 0
         self.requests = 0
@@ -241,18 +244,27 @@ class SimEngine:
         self.prompt_tokens += computed
         self.prompt_tokens_cached += cached
         pieces = _pieces(task.text, spec.chars_per_token)[: task.max_tokens]
-        for piece in pieces:
-            if task.gone and (task.streamed or task.cancelled):
-                task.finish_reason = "cancelled"
-                return
-            await asyncio.sleep(factor * self._slowdown() / spec.decode_tps)  # one decode step
-            self.tokens_predicted += 1
-            slot.cache += piece
-            task.pieces.append(piece)
-            task.changes.notify()
-            if task.streamed:
-                self._sent()
-        task.finish_reason = "stop" if len(pieces) < task.max_tokens else "length"
+        loop = asyncio.get_running_loop()
+        first: float | None = None
+        last = 0.0
+        try:
+            for piece in pieces:
+                if task.gone and (task.streamed or task.cancelled):
+                    task.finish_reason = "cancelled"
+                    return
+                await asyncio.sleep(factor * self._slowdown() / spec.decode_tps)  # one decode step
+                last = loop.time()
+                first = last if first is None else first
+                self.tokens_predicted += 1
+                slot.cache += piece
+                task.pieces.append(piece)
+                task.changes.notify()
+                if task.streamed:
+                    self._sent()
+            task.finish_reason = "stop" if len(pieces) < task.max_tokens else "length"
+        finally:
+            if first is not None:  # a cancelled task's tokens count too, as llama.cpp's do
+                self.decode_seconds += last - first
 
     def _slowdown(self) -> float:
         return 1 + self.spec.batch_penalty * max(0, self.active - 1)

@@ -15,8 +15,9 @@ METRICS = (
     ("peak_held", "server peak held", "{:.0f}"),
     ("upstream_requests", "upstream requests", "{:.0f}"),
     ("predicted_chars", "predicted chars", "{:.0f}"),
+    ("decode_ms_per_token", "server decode ms a token", "{:.2f}"),
 )
-INFORMATION = {"predicted_chars"}  # shown, not held to the tolerance
+INFORMATION = {"predicted_chars", "decode_ms_per_token"}  # shown, not held to the tolerance
 
 
 class CalibrationRow(TypedDict):

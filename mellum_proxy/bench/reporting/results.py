@@ -65,6 +65,7 @@ class PolicyResult(Seen):
     upstream_errors: int = 0  # completions the proxy answered with an upstream error
     record_prompt_tokens: int = 0  # prompt tokens of the answered requests (their usage)
     record_cached_tokens: int = 0  # of which the server reused from its cache
+    decode_ms_per_token: float | None = None  # the server's own decode time a token (its `/metrics`), if it says
     # (arrival unix s, upstream that answered, outcome, total ms) of each request that reached the upstream
     upstream_series: list[tuple[float, str | None, str, float]] = field(default_factory=list)
     inflight_series: list[tuple[float, float, float]] = field(default_factory=list)  # (s, running, queued)
@@ -87,6 +88,7 @@ class LabResult(Seen):
     errors: int
     peak_held: int
     settings: dict[str, Any] | None = None
+    decode_ms_per_token: float | None = None  # counted as llama.cpp counts it (`SimEngine.decode_seconds`)
 
 
 @dataclass
@@ -100,3 +102,8 @@ class Phase:
     events: dict[str, float] = field(default_factory=dict)  # what happened when (unix seconds)
     notes: list[str] = field(default_factory=list)
     fallback: str | None = None
+
+
+def ms_per_token(seconds: float | None, tokens: float | None) -> float | None:
+    """Milliseconds a token (`tokens_predicted_seconds_total` over `tokens_predicted_total`); None without tokens."""
+    return seconds * 1000 / tokens if seconds is not None and tokens else None

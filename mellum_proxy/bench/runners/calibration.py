@@ -7,6 +7,9 @@ pause->shown p95, upstream requests and the server's peak held requests (running
 `/metrics`). One real run differs from the next on a busy machine by more than that, so `--runs N` replays each
 policy N times (the policies taking turns) and the lab N times too (seeds 0..N-1: a measured profile's `spread`
 gives each simulated request its own luck), median held to median, each side's range beside it.
+Beside them, each side's decode time a token (the server's own `/metrics`: `tokens_predicted_seconds_total` over
+`tokens_predicted_total`; the simulator counts as llama.cpp does), shown, not held: how fast the server really ran
+against the profile the lab ran on.
 The simulated model's accuracy defaults to 0: the embedded gemma-3-270m was not trained for
 fill-in-the-middle, and its suggestions (almost) never begin with what the person typed next — the
 real run's `predicted chars` says how often they did.
@@ -139,7 +142,8 @@ async def measure(
                      f"p95 {real.latency_p95_ms or 0:.0f} ms, {real.upstream_requests} requests")  # fmt: skip
             real_runs[name].append({"pause_coverage": real.pause_coverage, "latency_p95_ms": real.latency_p95_ms,
                                     "peak_held": real.max_inflight, "upstream_requests": real.upstream_requests,
-                                    "predicted_chars": real.predicted_chars})  # fmt: skip
+                                    "predicted_chars": real.predicted_chars,
+                                    "decode_ms_per_token": real.decode_ms_per_token})  # fmt: skip
     specs = specs or [spec or profile("embedded-cpu")] * runs
     rows: list[CalibrationRow] = []
     for policy in policies:
@@ -158,10 +162,8 @@ async def measure(
             for seed in range(runs)
         ]  # fmt: skip (its own virtual-time loop; a seed is a run's luck)
         sims = [{key: getattr(lab, key) for key, _, _ in METRICS} for lab in labs]
-        median = {key: _median([r[key] for r in real_runs[name]]) for key, _, _ in METRICS}
-        rows.append(CalibrationRow(policy=name, real=median, runs=real_runs[name],
-                                   sim={key: _median([r[key] for r in sims]) for key, _, _ in METRICS},
-                                   sim_runs=sims))  # fmt: skip
+        rows.append(CalibrationRow(policy=name, real=_medians(real_runs[name]), runs=real_runs[name],
+                                   sim=_medians(sims), sim_runs=sims))  # fmt: skip
     turns = [_summary(s) for s in specs] if profile_turn is not None else []
     return Calibration(trace=trace, edits=sum(1 for e in events if hasattr(e, "offset")), upstream=described,
                        profile=repr(specs[0]), rows=rows, max_tokens=max_tokens, accuracy=accuracy,
@@ -172,6 +174,10 @@ def _summary(spec: ServerProfile) -> dict[str, float]:
     """What a turn's profile said, in the figures that move from one profile to the next."""
     return {"idle_slowdown": spec.idle_slowdown, "decode_tps": spec.decode_tps, "prefill_tps": spec.prefill_tps,
             "spread": spec.spread, "overhead_ms": spec.overhead_ms}  # fmt: skip
+
+
+def _medians(runs: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    return {key: _median([run[key] for run in runs]) for key, _, _ in METRICS}
 
 
 def _median(values: Sequence[float | None]) -> float | None:

@@ -27,7 +27,7 @@ from mellum_proxy.bench.doubles.sim_engine import SimEngine
 from mellum_proxy.bench.reporting import lab_report
 from mellum_proxy.bench.reporting.capacity_report import plot_capacity
 from mellum_proxy.bench.reporting.lab_report import Lab
-from mellum_proxy.bench.reporting.results import LabResult, Seen
+from mellum_proxy.bench.reporting.results import LabResult, Seen, ms_per_token
 from mellum_proxy.bench.reporting.writing import write_report
 from mellum_proxy.bench.runners.lab_parts import EngineSource, LabEditor, Writer
 from mellum_proxy.bench.runners.playback import METRICS_PERIOD_S, Clock, gaps_after, pause_starts, play
@@ -200,6 +200,7 @@ def run_lab(
         prompt_tokens_computed=engine.prompt_tokens,
         reused=sum(o == Outcome.REUSED for o in outcomes), timeouts=sum(o == Outcome.TIMEOUT for o in outcomes),
         errors=sum(1 for r in results if r.error), peak_held=engine.peak_held, settings=policy.settings,
+        decode_ms_per_token=ms_per_token(engine.decode_seconds, engine.tokens_predicted),
     )  # fmt: skip
 
 

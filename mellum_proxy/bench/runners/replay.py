@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from mellum_proxy.bench.reporting import replay_report
-from mellum_proxy.bench.reporting.results import PolicyResult, Seen
+from mellum_proxy.bench.reporting.results import PolicyResult, Seen, ms_per_token
 from mellum_proxy.bench.reporting.team_report import developers_markdown
 from mellum_proxy.bench.reporting.writing import command_line, progress_bar
 from mellum_proxy.bench.runners.playback import METRICS_PERIOD_S, Clock, pause_starts, play
@@ -223,6 +223,7 @@ async def run_policy(
         record_prompt_tokens=sum(r.prompt_tokens or 0 for r in counted),
         record_cached_tokens=sum(r.cached_tokens or 0 for r in counted),
         upstream_series=[(r.received_at, r.upstream, str(r.outcome), r.total_ms or 0.0) for r in reached],
+        decode_ms_per_token=ms_per_token(_delta(before, after, "tokens_predicted_seconds_total"), predicted),
     )  # fmt: skip
 
 
