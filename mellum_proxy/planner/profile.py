@@ -12,10 +12,10 @@ Over `/v1/completions`, streamed, at temperature 0:
   (`TYPING_GAP_S`), then at once again, `PAIRS` times (fewer on a slow server); how much slower the server
   answers after the quiet (`idle_slowdown`, the median of the pairs' ratios: on a VM or a GPU that clocks down,
   a request after a pause is slower than one of a busy stream) and how much one such request's time varies
-  (`spread`, the standard deviation of the logarithm of the quiet ones' times, read robustly: 1.4826 times
-  their median absolute deviation); the lab's simulator takes both. Pairs, not two blocks: a machine's slow
-  moment then slows both of a pair, not one block of the two (five profiles in a row, measured in blocks, gave
-  1.08-1.78x);
+  (`spread`, the standard deviation of the logarithm of the quiet ones' times, read robustly from the slow
+  side: how far their upper quartile lies above their median, over 0.6745); the lab's simulator takes both.
+  Pairs, not two blocks: a machine's slow moment then slows both of a pair, not one block of the two (five
+  profiles in a row, measured in blocks, gave 1.08-1.78x);
 - concurrency: the per-request decode rate with 1..N requests at once (N: the server's slots), and from it
   how much each other running sequence slows one down (`batch_penalty`, as the lab's simulator takes it);
 - whether a client's disconnect stops decoding, and whether it stops a prefill, from the server's own
@@ -48,7 +48,7 @@ CONCURRENT_TOKENS = 32
 PAIRS, REPEAT_TOKENS = 24, 16  # a completion plugin's request, after a quiet and at once again
 TYPING_GAP_S = 0.15  # between keystrokes: the shipped traces' median gap is 136 ms
 PAIR_BUDGET_S, FEWEST_PAIRS = 8.0, 5  # a slow server is asked fewer times: at least 5, until 8 s are spent
-MAD_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
+UPPER_QUARTILE_Z = 0.6745  # how many standard deviations a normal distribution's upper quartile lies above its median
 # counters of tokens the server computed (prompt) and decoded, by server
 PROMPT_COUNTERS = ("llamacpp:prompt_tokens_total", "vllm:prompt_tokens_total")
 DECODE_COUNTERS = ("llamacpp:tokens_predicted_total", "vllm:generation_tokens_total")
@@ -173,13 +173,15 @@ def _overhead(ttft: list[dict[str, float]], decode_tps: float) -> tuple[float, f
 
 
 def spread(times_ms: list[float]) -> float:
-    """How much one request's time varies: the standard deviation of the logarithms of its times, from their
-    median absolute deviation (a few requests caught in a slow moment do not make it; 0 with fewer than two)."""
+    """How much one request's time varies: the standard deviation of the logarithm of its times, read from how far
+    their upper quartile lies above their median. The slow side, which a p95 sees: this machine's times are skewed
+    towards it, and the median absolute deviation (both sides) left the lab's p95 under the real one. A few requests
+    caught in a slow moment do not make it; 0 with fewer than two."""
     logs = [math.log(t) for t in times_ms if t > 0]
     if len(logs) < 2:
         return 0.0
-    middle = statistics.median(logs)
-    return MAD_SIGMA * statistics.median(abs(x - middle) for x in logs)
+    _, middle, upper = statistics.quantiles(logs, n=4, method="inclusive")
+    return (upper - middle) / UPPER_QUARTILE_Z
 
 
 async def _pairs(probe: Prober) -> tuple[list[Timed], list[Timed]]:

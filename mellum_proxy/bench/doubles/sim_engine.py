@@ -245,26 +245,23 @@ class SimEngine:
         self.prompt_tokens_cached += cached
         pieces = _pieces(task.text, spec.chars_per_token)[: task.max_tokens]
         loop = asyncio.get_running_loop()
-        first: float | None = None
-        last = 0.0
-        try:
-            for piece in pieces:
-                if task.gone and (task.streamed or task.cancelled):
-                    task.finish_reason = "cancelled"
-                    return
-                await asyncio.sleep(factor * self._slowdown() / spec.decode_tps)  # one decode step
-                last = loop.time()
-                first = last if first is None else first
-                self.tokens_predicted += 1
-                slot.cache += piece
-                task.pieces.append(piece)
-                task.changes.notify()
-                if task.streamed:
-                    self._sent()
-            task.finish_reason = "stop" if len(pieces) < task.max_tokens else "length"
-        finally:
-            if first is not None:  # a cancelled task's tokens count too, as llama.cpp's do
-                self.decode_seconds += last - first
+        previous: float | None = None  # when its last token came
+        for piece in pieces:
+            if task.gone and (task.streamed or task.cancelled):
+                task.finish_reason = "cancelled"
+                return
+            await asyncio.sleep(factor * self._slowdown() / spec.decode_tps)  # one decode step
+            now = loop.time()
+            if previous is not None:  # llama.cpp's counter runs from the first token on
+                self.decode_seconds += now - previous
+            previous = now
+            self.tokens_predicted += 1
+            slot.cache += piece
+            task.pieces.append(piece)
+            task.changes.notify()
+            if task.streamed:
+                self._sent()
+        task.finish_reason = "stop" if len(pieces) < task.max_tokens else "length"
 
     def _slowdown(self) -> float:
         return 1 + self.spec.batch_penalty * max(0, self.active - 1)

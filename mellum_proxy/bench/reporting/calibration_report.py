@@ -59,11 +59,12 @@ def _lab_line(result: Calibration) -> str:
     turns = result.get("turn_profiles") or []
     if len(turns) < 2:
         return f"- sim: the lab in virtual time on {result['profile']}"
-    idle, decode = ([turn[key] for turn in turns] for key in ("idle_slowdown", "decode_tps"))
+    idle, decode, spread = ([turn[key] for turn in turns] for key in ("idle_slowdown", "decode_tps", "spread"))
     return (
         f"- sim: the lab in virtual time, run i on the server's profile measured before real turn i "
         f"({len(turns)} profiles: idle slowdown {min(idle):.2f}-{max(idle):.2f}x, decode "
-        f"{min(decode):.0f}-{max(decode):.0f} tokens/s; the first: {result['profile']})"
+        f"{min(decode):.0f}-{max(decode):.0f} tokens/s, spread {min(spread):.2f}-{max(spread):.2f}; "
+        f"the first: {result['profile']})"
     )
 
 
