@@ -176,7 +176,7 @@ def spread(times_ms: list[float]) -> float:
     """How much one request's time varies: the standard deviation of the logarithm of its times, read from how far
     their upper quartile lies above their median. The slow side, which a p95 sees: this machine's times are skewed
     towards it, and the median absolute deviation (both sides) left the lab's p95 under the real one. A few requests
-    caught in a slow moment do not make it; 0 with fewer than two."""
+    caught in a slow moment move it by the share of the requests they are, not by how slow; 0 with fewer than two."""
     logs = [math.log(t) for t in times_ms if t > 0]
     if len(logs) < 2:
         return 0.0
