@@ -55,3 +55,11 @@ async def test_a_server_without_the_counters_has_no_decode_time(fake_upstream: A
     _, url = await fake_upstream()
     result = await run_policy(parse_policy("direct"), burst_trace()[:3], url, max_tokens=4)
     assert result.decode_ms_per_token is None
+
+
+def test_counters_that_went_back_give_no_decode_time() -> None:
+    """A server restarted between the readings before and after a run: its counters start again at 0."""
+    from mellum_proxy.bench.reporting.results import ms_per_token
+
+    assert ms_per_token(0.5, 100) == 5.0
+    assert ms_per_token(-3.0, -600) is None and ms_per_token(0.5, -10) is None and ms_per_token(None, 100) is None

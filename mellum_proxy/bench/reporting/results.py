@@ -105,5 +105,6 @@ class Phase:
 
 
 def ms_per_token(seconds: float | None, tokens: float | None) -> float | None:
-    """Milliseconds a token (`tokens_predicted_seconds_total` over `tokens_predicted_total`); None without tokens."""
-    return seconds * 1000 / tokens if seconds is not None and tokens else None
+    """Milliseconds a token (`tokens_predicted_seconds_total` over `tokens_predicted_total`); None without tokens,
+    or where a counter went back (the server restarted between the two readings)."""
+    return seconds * 1000 / tokens if seconds is not None and seconds >= 0 and tokens and tokens > 0 else None
