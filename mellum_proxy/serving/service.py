@@ -94,6 +94,8 @@ class CompletionService:
             await answer.fail(completion, ProxyError("internal proxy error (see the proxy's log)"))
         finally:
             self._open.discard(scope)
+            if completion.has_text:
+                self.documents.shown(request.session, completion)
             self.telemetry.finish(record, completion)
             if not self._open:
                 self._idle.notify()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mellum_proxy.models import NormalizedRequest
+from mellum_proxy.models import Chunk, Completion, NormalizedRequest
 from mellum_proxy.policies.sessions import MAX_DOCUMENTS, Documents
 
 A = "import os\n\ndef load(path):\n    with open(path) as f:\n        return f.read()\n\n"
@@ -39,3 +39,39 @@ def test_the_documents_kept_are_bounded() -> None:
                 for i in range(3 * MAX_DOCUMENTS)}  # fmt: skip
     assert len(sessions) == 3 * MAX_DOCUMENTS
     assert all(len(kept) <= MAX_DOCUMENTS for kept in documents._sessions.values())
+
+
+def shown(documents: Documents, session: str, text: str) -> None:
+    completion = Completion(id="c")
+    completion.add(Chunk(text))
+    documents.shown(session, completion)
+
+
+def test_a_look_ahead_past_a_multi_line_suggestion_keeps_the_document() -> None:
+    """llama.vim at the end of a file: a suggestion of several lines is shown, a look-ahead asks past it at once,
+    and the person types on without it: one document throughout (it was a new one after every look-ahead)."""
+    documents = Documents()
+    typed = A + "def save(path, text):\n    with open(path, 'w') as f:\n"
+    session = ask(documents, typed + "        f")
+    suggestion = ".write(text)\n        f.flush()\n        return len(text)\n    # saved, and its length\n"
+    shown(documents, session, suggestion)
+    assert ask(documents, typed + "        f" + suggestion) == session  # the look-ahead
+    for typed_on in ("        f.", "        f.w", "        f.wr"):  # typing through it, not taking it
+        assert ask(documents, typed + typed_on) == session
+    assert len(documents._sessions[session]) == 1
+
+
+def test_one_editor_typing_one_file_for_long_stays_one_session() -> None:
+    """Lines typed one keystroke at a time, each keystroke's suggestion (two lines) followed by its look-ahead."""
+    documents = Documents()
+    text, sessions = A, set()
+    for line in range(60):
+        for end in range(1, 30, 3):
+            request = text + f"    value_{line} = compute({line}, 'abcdefghijklmnop')"[:end]
+            session = ask(documents, request)
+            sessions.add(session)
+            suggestion = f"rest_{line}()\n    other_{line} = 1\n"
+            shown(documents, session, suggestion)
+            sessions.add(ask(documents, request + suggestion))
+        text += f"    value_{line} = compute({line}, 'abcdefghijklmnop')\n"
+    assert sessions == {"default/curl/8.5"}
