@@ -128,6 +128,9 @@ class Settings(BaseSettings):
         30000, ge=0, description="Longest silence from the upstream on forwarded routes (chat, models; 0: none)."
     )
     shutdown_timeout_s: float = Field(5.0, ge=0, description="Grace period for in-flight requests on exit.")
+    idle_timeout_ms: int = Field(
+        30000, ge=100, le=3_600_000, description="Close a client's keep-alive connection idle this long."
+    )
 
     # --- completion policies -----------------------------------------------------------------
     dispatch: Literal["adaptive", "fixed", "foresight"] = Field(

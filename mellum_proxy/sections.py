@@ -64,6 +64,7 @@ class ListenSection:
     loopback_only: bool
     max_body_bytes: int
     shutdown_grace_s: float = field(metadata=source("shutdown_timeout_s"))
+    idle_timeout_s: float = field(metadata=source("idle_timeout_ms", _seconds))
 
 
 @dataclass(frozen=True, slots=True)

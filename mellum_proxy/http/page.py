@@ -25,6 +25,7 @@ from aiohttp import web
 
 from mellum_proxy import __version__
 from mellum_proxy.errors import NotFoundError, ServiceUnavailableError
+from mellum_proxy.http.connections import STALLED_S  # a page that reads nothing this long is let go
 from mellum_proxy.http.guard import check_host
 from mellum_proxy.http.keys import RECORDS, SECTIONS, SETTINGS, STARTED, TELEMETRY
 from mellum_proxy.http.routes import status_body
@@ -40,7 +41,6 @@ STATE_EVERY_S = 1.0
 EXPLAIN_EVERY_S = 5.0
 BATCH_S = 0.2  # at most five writes a second, whatever the request rate: the page costs requests nothing
 MAX_PAGES = 8  # event streams open at once: pages left open in tabs never crowd out the editor's connections
-STALLED_S = 10.0  # a page that reads nothing this long (a suspended tab, a stuck reader) is let go
 DOCTOR_READS = ("reached_upstream", "outcome", "prompt_tokens_before", "inflight", "ttft_ms", "vram_peak_mib")
 PAGES = web.AppKey("pages", dict[str, int])  # "open": event streams open now; "closing": 1 once shutting down
 

@@ -17,6 +17,7 @@ from aiohttp import web
 from mellum_proxy.dialects.base import openai_error, session_key
 from mellum_proxy.dialects.openai import DONE, sse
 from mellum_proxy.errors import ProxyError, ServiceUnavailableError
+from mellum_proxy.http import connections
 from mellum_proxy.http.bodies import read_json
 from mellum_proxy.http.keys import POLICIES, SECTIONS, STARTED, TELEMETRY, UPSTREAMS
 from mellum_proxy.http.middleware import request_id
@@ -26,6 +27,7 @@ from mellum_proxy.upstream.passthrough import relay
 
 GET_SILENCE_S = 5.0  # the most a forwarded GET (`/v1/models`) waits for the upstream's answer
 BULK_DIALECT = "openai-chat"  # what a bulk record names as its `dialect`
+STALLED = web.RequestKey("stalled", bool)  # its client was let go for reading nothing
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -50,7 +52,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     record.sent()
     try:
         response = await forward(request, body, lambda: telemetry.first_token(record))
-        record.ended(Outcome.OK, response.status)
+        record.ended(Outcome.CLIENT_GONE if request.get(STALLED) else Outcome.OK, response.status)
         return response
     except ProxyError as error:
         record.ended(Outcome.UPSTREAM_ERROR, error.upstream_status, error.kind)
@@ -94,8 +96,27 @@ async def forward(
                 if first_byte is not None:
                     first_byte()
                     first_byte = None
-                await stream.write(data)
+                await _write(stream, data)
         except ProxyError as error:
-            await stream.write(b"\n\n" + sse(openai_error(error)) + DONE)  # the blank line ends a cut event
+            await _write(stream, b"\n\n" + sse(openai_error(error)) + DONE)  # the blank line ends a cut event
+        except _Stalled:
+            # a client that reads none of its answer for STALLED_S (a chat that stopped reading) is let go, as the
+            # page's streams are, and its slot with it; aiohttp ends the closed connection quietly
+            request[STALLED] = True
+            if request.transport is not None:
+                request.transport.abort()
+            return stream
         await stream.write_eof()
         return stream
+
+
+class _Stalled(Exception):
+    """The client read nothing of its answer for `STALLED_S`."""
+
+
+async def _write(stream: web.StreamResponse, data: bytes) -> None:
+    try:
+        async with asyncio.timeout(connections.STALLED_S):
+            await stream.write(data)
+    except TimeoutError:
+        raise _Stalled from None

@@ -186,7 +186,8 @@ def connections_status(app: web.Application) -> dict[str, int] | None:
     guard = app.get(CONNECTIONS)
     if guard is None or guard.factory is None:
         return None  # not listening through `serve` (a test client)
-    return {"open": guard.open, "limit": guard.limit, "refused": guard.refused, "too_slow": guard.too_slow}
+    return {"open": guard.open, "idle": guard.idle, "limit": guard.limit, "refused": guard.refused,
+            "evicted": guard.evicted, "too_slow": guard.too_slow}  # fmt: skip
 
 
 def vram_status(gpu: GpuSampler | None) -> dict[str, object]:

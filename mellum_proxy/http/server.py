@@ -24,8 +24,8 @@ from aiohttp import web
 
 from mellum_proxy.config import Settings
 from mellum_proxy.http.app import build_app
-from mellum_proxy.http.connections import ConnectionGuard, accept_batch
-from mellum_proxy.http.keys import CONNECTIONS, UPSTREAMS
+from mellum_proxy.http.connections import IDLE_TIMEOUT_S, ConnectionGuard, accept_batch
+from mellum_proxy.http.keys import CONNECTIONS, SECTIONS, UPSTREAMS
 from mellum_proxy.upstream.local_servers import find_local_server
 
 ACCEPT_AFTER_STOP_S = 0.2  # requests sent just before the signal still arrive in this window
@@ -37,7 +37,8 @@ async def serve_app(
     app: web.Application, host: str = "127.0.0.1", port: int = 0, shutdown_timeout_s: float = 5.0
 ) -> AsyncIterator[str]:
     """Serve `app` on `host:port` (0: a free port) for the body of the `async with`; yields its URL."""
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout_s, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout_s, access_log=None,
+                           keepalive_timeout=idle_timeout_s(app))  # fmt: skip
     await runner.setup()
     listener: asyncio.Server | None = None
     try:
@@ -49,6 +50,12 @@ async def serve_app(
         if listener is not None:
             listener.close()
         await runner.cleanup()
+
+
+def idle_timeout_s(app: web.Application) -> float:
+    """How long a client's idle keep-alive connection stays open: the proxy's `idle_timeout_ms`, else the
+    guard's default (any other app: the bench's doubles)."""
+    return app[SECTIONS].listen.idle_timeout_s if SECTIONS in app else IDLE_TIMEOUT_S
 
 
 async def listen(runner: web.AppRunner, host: str, port: int, sock: socket.socket | None = None) -> asyncio.Server:
@@ -100,7 +107,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     app = build_app(settings)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=LEFTOVER_S, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=LEFTOVER_S, access_log=None,
+                           keepalive_timeout=idle_timeout_s(app))  # fmt: skip
     try:
         await runner.setup()
         listener = await listen(runner, settings.listen_host, settings.listen_port, sock)
