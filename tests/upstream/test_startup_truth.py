@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from mellum_proxy.bench.doubles.fault_upstream import captive_portal
 from mellum_proxy.http import UPSTREAMS
@@ -42,12 +43,35 @@ async def test_a_refused_connection_and_a_web_page_are_named(aiohttp_server: Any
     assert page == "answered 200 with an HTML page: not a model server?"
 
 
+def model_server(paths: dict[str, Any]) -> web.Application:
+    """A server that answers each of `paths` (GET) with its JSON, 404 elsewhere."""
+    app = web.Application()
+    for path, body in paths.items():
+
+        async def answer(request: web.Request, body: Any = body) -> web.Response:
+            return web.json_response(body)
+
+        app.router.add_get(path, answer)
+    return app
+
+
+LLAMACPP = {"/health": {"status": "ok"}, "/props": {"total_slots": 2}, "/v1/models": {"data": [{"id": "mellum-4b"}]}}
+
+
 async def test_with_no_upstream_the_usual_local_servers_are_looked_for(
-    fake_upstream: Any, unused_tcp_port: int
+    aiohttp_server: Any, unused_tcp_port: int
 ) -> None:
-    _fake, url = await fake_upstream()
-    port = int(url.rsplit(":", 1)[1])
+    port = (await aiohttp_server(model_server(LLAMACPP))).port
     found, said = await find_local_server((("vLLM", unused_tcp_port), ("llama.cpp", port)))
-    assert found == f"http://127.0.0.1:{port}" and "llama.cpp" in said
+    assert found == f"http://127.0.0.1:{port}" and "llama.cpp" in said and "mellum-4b" in said
     nothing, said = await find_local_server((("vLLM", unused_tcp_port),))
     assert nothing is None and f":{unused_tcp_port} (vLLM)" in said and "--upstream" in said
+
+
+async def test_a_web_server_that_answers_health_is_passed_over_for_a_model_server(aiohttp_server: Any) -> None:
+    """Any web server on port 8000 answers `/health` 200: taken ahead of llama.cpp, it made every completion a 404."""
+    web_server = (await aiohttp_server(model_server({"/health": {"status": "ok"}}))).port
+    llama = (await aiohttp_server(model_server(LLAMACPP))).port
+    found, said = await find_local_server((("vLLM", web_server), ("llama.cpp", llama)))
+    assert found == f"http://127.0.0.1:{llama}"
+    assert f"passed over http://127.0.0.1:{web_server} (answers, but lists no model" in said
