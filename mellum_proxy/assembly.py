@@ -175,7 +175,7 @@ async def open_core(
         clients = upstream_clients(session, urls, section)
         upstream = clients[0]  # the primary: what discovery asks; the others are its fallbacks
         answer_s = failover_answer_s(sections.policies.timeout_s, section.answer_timeout_s)
-        pool = Upstreams(clients, answer_s, section.health_interval_s)
+        pool = Upstreams(clients, answer_s, section.health_interval_s, sections.policies.timeout_s)
         pool.reveal = sections.telemetry.log_content
         problems = await asyncio.gather(*(answer_problem(client) for client in clients))
         reachable = [problem is None for problem in problems]

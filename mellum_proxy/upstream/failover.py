@@ -3,16 +3,24 @@
 A team's router first, the developer's own server (or the embedded one) after it: when the one
 serving refuses the connection, answers 5xx, answers something that is no completion (a captive
 portal's HTML page, events it cannot read) or does not start its answer in time, before the first
-token, the request is sent again to the next one, and that upstream is marked down (a circuit breaker:
-no later request waits on it). "In time", when there is a next one, is `failover_answer_s`: a share of
-the request's deadline, so a server that answers `/health` but never a completion is left while the
-next one can still answer. One request cannot take the last upstream that is up down with it: a
-request that makes the only healthy server fail is that request's failure, not the server's.
-A health check every `interval_s` brings a down upstream back as soon as it answers, and takes one
-that stopped answering out; one that failed requests comes back only after a wait that doubles with each
-failure in a row (its `/health` may be fine while its completions are not). A failure after the first
-token cannot be retried (the editor has the start of the answer): it is the client's error, as with one
-upstream.
+token, the request is sent again to the next one. One request cannot take the last upstream that is up down
+with it: a request that makes the only healthy server fail is that request's failure, not the server's.
+
+"In time" is judged by each member's own recent first answers, not by a fixed share of the deadline: a member
+is waited for as long as the next one still has the time it needs (its own recent first-answer times, twice
+their median, or a third of the deadline while it has answered too few) within the request's deadline, and at
+least twice its own median, so a member that answers within the deadline keeps serving however slow. Where the
+next one could not answer in what would be left, the request is not failed over at all: it waits for the one it
+asked (a failover then only emptied the answer: a primary at 0.6 s and a fallback at 1.2 s under a 1.5 s deadline
+gave 8 empty answers in 80).
+
+A member is taken down (a circuit breaker: no later request waits on it) when it refuses or answers 5xx or
+garbage, and on timeouts only when its recent requests show it: it has never answered, or timed out twice of its
+last four. A health check every `interval_s` brings a down upstream back as soon as it answers, and takes one that
+stopped answering out; one that failed requests comes back only after a wait that doubles with each failure in a
+row (its `/health` may be fine while its completions are not), and sheds that record only after
+`TRUSTED_AFTER` answers in a row. A failure after the first token cannot be retried (the editor has the start of
+the answer): it is the client's error, as with one upstream.
 
 With one upstream nothing here changes what the proxy does: there is nothing to fail over to.
 """
@@ -22,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -44,6 +53,10 @@ log = logging.getLogger("mellum_proxy")
 SERVED_KEPT = 4096  # request ids whose serving upstream is kept until the service asks
 FAILOVER_ANSWER_MIN_S = 0.25
 COMEBACK_MAX = 32  # health periods: the longest an upstream that keeps failing completions waits to come back
+RECENT = 8  # first-answer times kept per member
+KNOWN_AFTER = 3  # answers before a member's own times are trusted over the share of the deadline
+TRUSTED_AFTER = 3  # answers in a row before a member that failed sheds its strikes
+SLACK = 2.0  # a member is given twice its median first answer
 
 
 def failover_answer_s(timeout_s: float | None, answer_timeout_s: float | None) -> float | None:
@@ -104,6 +117,32 @@ class Member:
     since: float = field(default_factory=time.time)  # when `up` last changed (unix seconds)
     strikes: int = 0  # completions failed in a row: each doubles the wait before a health check brings it back
     down_at: float = 0.0  # the loop's time when a completion's failure took it down
+    streak: int = 0  # answers in a row since its last failure
+    first_answers: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))  # seconds, newest last
+    timeouts: deque[bool] = field(default_factory=lambda: deque(maxlen=4))  # its last attempts: timed out or not
+
+    def typical_s(self) -> float | None:
+        """The median of its recent first answers (None: too few to say)."""
+        if len(self.first_answers) < KNOWN_AFTER:
+            return None
+        ordered = sorted(self.first_answers)
+        return ordered[len(ordered) // 2]
+
+    def answered(self, seconds: float) -> None:
+        self.first_answers.append(seconds)
+        self.timeouts.append(False)
+        self.streak += 1
+        if self.streak >= TRUSTED_AFTER:
+            self.strikes = 0
+
+    def looks_down(self, error: UpstreamError) -> bool:
+        """Whether this failure says the member is down: any but a timeout does; a timeout when it has never
+        answered, or it is its second in its last four attempts."""
+        self.streak = 0
+        if not isinstance(error, UpstreamTimeoutError):
+            return True
+        self.timeouts.append(True)
+        return not self.first_answers or sum(self.timeouts) >= 2
 
     def status(self, serving: bool) -> dict[str, Any]:
         return {
@@ -121,15 +160,21 @@ class Upstreams:
     """The upstreams in order; each call goes to the one serving now (`client`)."""
 
     def __init__(
-        self, clients: Sequence[UpstreamClient], failover_answer_s: float | None = None, interval_s: float = 1.0
+        self,
+        clients: Sequence[UpstreamClient],
+        failover_answer_s: float | None = None,
+        interval_s: float = 1.0,
+        timeout_s: float | None = None,
     ) -> None:
-        """`failover_answer_s`: how long an upstream with a fallback after it may take to start its answer (None:
-        its own `answer_timeout_s`); `interval_s`: the health checks' period, the unit of the wait before an
-        upstream that failed completions is brought back."""
+        """`failover_answer_s`: what a member that has answered too few requests is assumed to need to start its
+        answer (None: no limit but its own `answer_timeout_s`); `interval_s`: the health checks' period, the
+        unit of the wait before an upstream that failed completions is brought back; `timeout_s`: a request's
+        deadline (None: none), within which a failover must leave the next member the time it needs."""
         if not clients:
             raise ValueError("at least one upstream")
         self.members = [Member(client) for client in clients]
         self.failover_answer_s = failover_answer_s
+        self.timeout_s = timeout_s
         self.interval_s = interval_s
         self.on_up: Callable[[UpstreamClient], Awaitable[None]] | None = None  # rediscover a returning one
         self._served: dict[str, str] = {}
@@ -174,14 +219,19 @@ class Upstreams:
         # Those up, in order; all of them when none is (they may be back by now).
         candidates = [m for m in self.members if m.up] or list(self.members)
         first_error: UpstreamError | None = None
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         for index, member in enumerate(candidates):
             started = False
-            answer_s = self.failover_answer_s if index < len(candidates) - 1 else None
+            following = candidates[index + 1] if index < len(candidates) - 1 else None
+            answer_s = self.wait_s(member, following, loop.time() - began)
+            asked = loop.time()
             try:
                 batches = member.client.stream_completion(request, prompt, answer_s)
                 async with aclosing(batches):
                     first = await first_answer(batches, member.client, request, answer_s)
                     started = True
+                    member.answered(loop.time() - asked)
                     self._remember(request.id, member)
                     if first:
                         yield first
@@ -191,9 +241,10 @@ class Upstreams:
                 if started or not worth_failing_over(error):
                     raise
                 member.failed += 1
-                if any(other.up for other in self.members if other is not member):  # never the last one up
+                down = member.looks_down(error)
+                if down and any(other.up for other in self.members if other is not member):  # never the last one up
                     member.strikes += 1
-                    member.down_at = asyncio.get_running_loop().time()
+                    member.down_at = loop.time()
                     self._down(member, error.message if self.reveal else error.shown)
                 first_error = first_error or error
                 if index == len(candidates) - 1:
@@ -201,8 +252,25 @@ class Upstreams:
                     raise first_error from error  # the one that was asked first says most
                 continue
             member.served += 1
-            member.strikes = 0
             return
+
+    def wait_s(self, member: Member, following: Member | None, spent_s: float) -> float | None:
+        """How long `member` may take to start its answer before the request goes on to `following` (None: no
+        limit here but its `answer_timeout_s`: the last one, or one that no failover could beat in time)."""
+        if following is None:
+            return None
+        if self.timeout_s is None:
+            return self.failover_answer_s
+        left = self.timeout_s - spent_s
+        known = following.typical_s()
+        needs = max(FAILOVER_ANSWER_MIN_S, SLACK * known) if known is not None else self.failover_answer_s
+        wait = left - (needs or 0.0)
+        if wait < FAILOVER_ANSWER_MIN_S:
+            return None  # the next one could not answer in what would be left: a failover would only empty it
+        own = member.typical_s()
+        if own is not None:
+            wait = max(wait, min(left, SLACK * own))  # slow but answering within the deadline: it keeps serving
+        return wait
 
     def _remember(self, request_id: str, member: Member) -> None:
         if len(self._served) >= SERVED_KEPT:

@@ -141,8 +141,10 @@ async def test_a_silent_upstream_is_left_within_the_deadline_and_used_again_once
     assert pool.members[0].strikes >= 1  # each return was one more failure: it waits longer to come back
     first.silent = False
     await pool.changes.wait_for(lambda: pool.members[0].up, timeout_s=10)
-    assert (await proxy.post("/v1/completions", json=BODY)).status == 200
-    assert proxy.app[RECORDS].last().upstream == first_url and pool.members[0].strikes == 0
+    for _ in range(3):  # its strikes are shed on the evidence of several answers, not one
+        assert (await proxy.post("/v1/completions", json=BODY)).status == 200
+        assert proxy.app[RECORDS].last().upstream == first_url
+    assert pool.members[0].strikes == 0
 
 
 async def test_every_upstream_failing_is_the_clients_error(make_proxy: ProxyFactory, fake_upstream: Any) -> None:
