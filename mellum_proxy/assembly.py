@@ -200,8 +200,8 @@ async def open_core(
         if reachable[0]:
             await discovery.prepare()  # decided (and the embedded server warm) before the first request can come
         tasks = [asyncio.create_task(discovery.run(), name="upstream-discovery")]
+        pool.on_up = pool.on_restart = returning(upstream, discovery, fallback_discovery(section.model))
         if len(clients) > 1:
-            pool.on_up = fallback_discovery(section.model)
             for client, up in zip(clients[1:], reachable[1:], strict=True):
                 if up:
                     await pool.on_up(client)
@@ -226,6 +226,21 @@ def upstream_connection_limit() -> int:
     exhaust it. The listener has half; the rest is the process's own files and sockets still closing."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return 0 if soft == resource.RLIM_INFINITY else max(8, soft // 8)
+
+
+def returning(
+    primary: UpstreamClient, discovery: Discovery, fallback: Callable[[UpstreamClient], Awaitable[None]]
+) -> Callable[[UpstreamClient], Awaitable[None]]:
+    """What an upstream that is back (or may have restarted) is asked: the primary by discovery, which follows a
+    new model or context; a fallback what it serves."""
+
+    async def ask(client: UpstreamClient) -> None:
+        if client is not primary:
+            await fallback(client)
+        elif discovery.ready.is_set():  # before that, discovery's own run asks it
+            await discovery.rediscover()
+
+    return ask
 
 
 def fallback_discovery(model: str | None) -> Callable[[UpstreamClient], Awaitable[None]]:

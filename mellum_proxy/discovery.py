@@ -98,6 +98,7 @@ class Discovery:
         self.on_ready: Callable[[], None] | None = None  # says so, once
         self.template_decided = False
         self.template_why = "not checked: no tokenizer that counts exactly"
+        self.configured_template = budget.settings.template  # what a new model's check starts from
 
     async def run(self) -> None:
         """Probe until settled; never raises (a failed probe leaves the current view)."""
@@ -224,6 +225,30 @@ class Discovery:
             self.slots_known = True  # only some kinds say; the others keep the setting (or 1)
         if found != previous:
             self._say("upstream %s: %s", self.upstream.shown_url, found.describe())
+
+    async def rediscover(self) -> bool:
+        """Ask the primary again what it is (it restarted, or came back): a server back with another model or
+        context is followed without restarting the proxy: its context, slots, and for another model its
+        tokenizer (its `/tokenize`: a local one is read at the next start, since reading one holds the
+        interpreter's lock) and FIM template, said once. True when something changed."""
+        try:
+            found = await discover(self.upstream, self.section.upstream_kind)
+        except UpstreamError:
+            return False
+        previous = self.found
+        if found == previous:
+            return False
+        if self.section.upstream_model is None and previous is not None and found.model != previous.model:
+            self.upstream.model = found.model
+            if self.section.tokenizer == "auto":
+                counter = await upstream_counter(self.tokenize, found.model)
+                self.budget.use(counter or CharsEstimator())
+                self.counters.pop(self.upstream.base_url, None)
+            self.budget.use_template(self.configured_template)
+            self.template_decided = False
+            await self.check_template()
+        self.apply(found)  # its context and slots; one line says what it is now
+        return True
 
     async def follow(self, client: UpstreamClient) -> None:
         """Serve from `client` now (a failover, or the first one back): its model, its context per request,

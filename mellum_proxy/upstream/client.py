@@ -54,6 +54,7 @@ class UpstreamClient:
         self.answer_timeout_s = s.answer_timeout_s if s else None
         self.lane_hints = {SLO_TTFT_HEADER: str(s.slo_ttft_ms)} if s and s.slo_ttft_ms is not None else {}  # llm-d
         self.holding = Holding(self)
+        self.reconnected = False  # a pooled connection turned out closed since the health watch last looked
 
     def routing(self, request: NormalizedRequest | None = None) -> dict[str, str]:
         """The routing-key header for a request (the developer's, or its session's), or none."""
@@ -101,9 +102,10 @@ class UpstreamClient:
         streamed answer: a request sent on it before the close is seen fails unread, so it is safe)."""
         try:
             return await self.session.request(method, url, **options)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError) as exc:
             if isinstance(exc, aiohttp.ClientConnectorError):
                 raise  # a fresh connection failed: nothing was stale
+            self.reconnected = True  # the server may have restarted: the health watch asks it again what it is
             return await self.session.request(method, url, **options)
 
     async def stream_completion(

@@ -57,6 +57,7 @@ RECENT = 8  # first-answer times kept per member
 KNOWN_AFTER = 3  # answers before a member's own times are trusted over the share of the deadline
 TRUSTED_AFTER = 3  # answers in a row before a member that failed sheds its strikes
 SLACK = 2.0  # a member is given twice its median first answer
+IDENTITY_CHECKS = 30  # health checks between two askings of what each server is (one back with another model)
 
 
 def failover_answer_s(timeout_s: float | None, answer_timeout_s: float | None) -> float | None:
@@ -177,6 +178,9 @@ class Upstreams:
         self.timeout_s = timeout_s
         self.interval_s = interval_s
         self.on_up: Callable[[UpstreamClient], Awaitable[None]] | None = None  # rediscover a returning one
+        # ask one that may have restarted what it is now: after a closed pooled connection, every IDENTITY_CHECKS
+        self.on_restart: Callable[[UpstreamClient], Awaitable[None]] | None = None
+        self._checks = 0
         self._served: dict[str, str] = {}
         self.changes = Changes()  # notified when one goes down or comes back
         self.reveal = False  # an upstream's own error text in `last_error` and the console (`--log-content`)
@@ -296,21 +300,29 @@ class Upstreams:
     async def _up(self, member: Member) -> None:
         if not member.up:
             member.up, member.since = True, time.time()
-            self.changes.notify()
             if len(self.members) == 1:
                 log.info("upstream %s answers again", member.client.shown_url)
             else:
                 log.info("upstream %s is back; serving from %s", member.client.shown_url, self.serving.client.shown_url)
+            member.client.reconnected = False
             if self.on_up is not None:
                 await self.on_up(member.client)
+            self.changes.notify()
 
     async def check(self) -> None:
-        """One health check of every member, at once."""
+        """One health check of every member, at once; one that may have restarted is asked what it is now."""
         problems = await asyncio.gather(*(answer_problem(m.client) for m in self.members))
         now = asyncio.get_running_loop().time()
+        self._checks += 1
         for member, problem in zip(self.members, problems, strict=True):
             if problem is None and now - member.down_at >= self.comeback_s(member):
+                was_up = member.up
                 await self._up(member)
+                restarted = member.client.reconnected or self._checks % IDENTITY_CHECKS == 0
+                if was_up and restarted and self.on_restart is not None:
+                    member.client.reconnected = False
+                    await self.on_restart(member.client)
+                    self.changes.notify()
             elif problem is not None:
                 self._down(member, f"health check: {problem}")
             else:

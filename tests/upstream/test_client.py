@@ -11,6 +11,7 @@ from aiohttp import web
 
 from mellum_proxy.bench.doubles.responder import Responder
 from mellum_proxy.dialects.openai import DONE, sse, text_completion
+from mellum_proxy.errors import UpstreamError
 from mellum_proxy.models import BudgetedPrompt, NormalizedRequest
 from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.embedded import EmbeddedServer
@@ -132,3 +133,39 @@ def test_what_vllm_holds_is_read_from_its_own_metrics() -> None:
     assert held_from_metrics(two_engines, gauges) == 5  # summed over the engines' label sets
     assert held_from_metrics("# HELP other_metric x\nother_metric 1.0\n", gauges) is None  # says neither
     assert held_from_metrics("<html>not metrics</html>", gauges) is None
+
+
+async def test_a_connection_the_server_closed_is_tried_again_once_never_twice() -> None:
+    """A server that restarted (or a laptop that slept) leaves the pool a connection it has closed: a request sent
+    on it that got no answer is sent once more on a new connection; a server that drops every request is not
+    asked a third time."""
+    import asyncio
+
+    attempts: list[int] = []
+    drop_all = {"on": False}
+    answer = b'{"data": [{"id": "m"}]}'
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served = 0
+        while await reader.readuntil(b"\r\n\r\n"):
+            attempts.append(1)
+            if drop_all["on"] or served == 1:  # the second request on a connection finds it closed, unanswered
+                writer.close()
+                return
+            served += 1
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(answer), answer))  # fmt: skip
+            await writer.drain()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server, aiohttp.ClientSession() as session:
+        upstream = UpstreamClient(session, url)
+        assert await upstream.post_json("/tokenize", {}) == {"data": [{"id": "m"}]}  # a POST: aiohttp retries none
+        assert await upstream.post_json("/tokenize", {}) == {"data": [{"id": "m"}]}  # its pooled connection was
+        assert len(attempts) == 3 and upstream.reconnected  # closed: sent again on a new one, answered
+        drop_all["on"] = True
+        attempts.clear()
+        with pytest.raises(UpstreamError):
+            await upstream.post_json("/tokenize", {})
+        assert len(attempts) == 2  # once more, never twice

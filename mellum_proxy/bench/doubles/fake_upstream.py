@@ -26,7 +26,11 @@ class FakeUpstream:
         slots: int | None = 1,
         pieces: list[str] | None = None,
         stall_after: int | None = None,
+        model: str | None = None,
+        context: int | None = None,
     ) -> None:
+        self.model = model  # listed on `/v1/models` when set (else no such route, as before)
+        self.context = context  # `/props`' `default_generation_settings.n_ctx` when set
         self.tokens = tokens
         self.pieces = pieces  # the text of each token (default `t0 `, `t1 `, ...)
         self.stall_after = stall_after  # after this many tokens, stream nothing more until the client leaves
@@ -49,8 +53,10 @@ class FakeUpstream:
         self._closing = asyncio.Event()  # set as the server shuts down: a stalled answer ends then, not at a timeout
 
     def app(self) -> web.Application:
-        app = routes({"POST /v1/completions": self._completions, "GET /props": self._props,
-                      "GET /health": self._health})  # fmt: skip
+        handlers = {"POST /v1/completions": self._completions, "GET /props": self._props, "GET /health": self._health}
+        if self.model is not None:
+            handlers["GET /v1/models"] = self._models
+        app = routes(handlers)
         app.on_shutdown.append(self._shut_down)
         return app
 
@@ -69,7 +75,13 @@ class FakeUpstream:
     async def _props(self, request: web.Request) -> web.Response:
         if self.slots is None:
             raise web.HTTPNotFound()
-        return web.json_response({"total_slots": self.slots})
+        props: dict[str, Any] = {"total_slots": self.slots}
+        if self.context is not None:
+            props["default_generation_settings"] = {"n_ctx": self.context}
+        return web.json_response(props)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
 
     async def _health(self, request: web.Request) -> web.Response:
         if not self.healthy:
