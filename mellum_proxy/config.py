@@ -107,6 +107,10 @@ class Settings(BaseSettings):
     health_interval_ms: int = Field(
         1000, ge=50, description="How often each upstream's health is checked (a lone one too: its changes are said)."
     )
+    keep_alive: str = Field(
+        "30m", pattern=r"^(-1|0|\d+(\.\d+)?(ms|s|m|h)?)$",
+        description="How long an Ollama server keeps the model loaded after a request (sent as its `keep_alive`).",
+    )  # fmt: skip
     embedded: bool = Field(
         False, description="Start an in-process llama.cpp server: the upstream, or the last fallback after --upstream."
     )
@@ -114,6 +118,9 @@ class Settings(BaseSettings):
     embedded_ctx_tokens: int = Field(4096, ge=256, description="Embedded server's total context (all slots).")
     embedded_slots: int = Field(2, ge=1, le=64, description="Embedded server's parallel slots.")
     embedded_threads: int = Field(0, ge=0, description="Embedded server's CPU threads (0: half the cores).")
+    embedded_sleep_idle_s: int = Field(
+        0, ge=0, le=86_400, description="Embedded server unloads its model after this long idle (0: never)."
+    )
     embedded_kv_type: Literal["f16", "bf16", "q8_0", "q4_0"] = Field(
         "f16", description="Embedded server's KV cache type (`mellum-proxy fit` measures the choice)."
     )

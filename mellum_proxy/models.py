@@ -59,6 +59,8 @@ class NormalizedRequest:
         response_fields: the answer fields the client asked for (llama.cpp `response_fields`), if any.
         edit_region: the edit-prediction format of a prompt the client built around an editable region
             (`zeta`, `zeta2`, `sweep`; `mellum_proxy.edit_region`): passed through untouched. None: a completion.
+        keep_alive: how long the client asked an Ollama server to keep its model loaded (Ollama's `keep_alive`:
+            a duration string or seconds), passed to a server that takes it; None: the `keep_alive` setting.
     """
 
     id: str
@@ -75,6 +77,7 @@ class NormalizedRequest:
     context_tokens: int | None = None
     response_fields: tuple[str, ...] | None = None
     edit_region: str | None = None
+    keep_alive: str | int | float | None = None
 
     @property
     def warm_up(self) -> bool:

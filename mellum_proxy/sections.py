@@ -84,6 +84,7 @@ class UpstreamSection:
     default_temperature: float | None
     health_interval_s: float = field(metadata=source("health_interval_ms", _seconds))
     connect_timeout_s: float = field(metadata=source("upstream_connect_timeout_ms", _seconds))
+    keep_alive: str  # Ollama's `keep_alive` on every completion the client sends none for
     answer_timeout_s: float | None = field(metadata=source("upstream_answer_timeout_ms", _seconds_or_none))
     passthrough_silence_s: float | None = field(metadata=source("passthrough_timeout_ms", _seconds_or_none))
     priority: bool = field(metadata=source("upstream_priority"))  # completions sent with `COMPLETION_PRIORITY`
@@ -101,6 +102,7 @@ class EmbeddedSection:
     slots: int = field(metadata=source("embedded_slots"))
     threads: int = field(metadata=source("embedded_threads"))  # 0: `mellum_proxy.upstream.embedded.default_threads`
     kv_type: str = field(metadata=source("embedded_kv_type"))
+    sleep_idle_s: int = field(metadata=source("embedded_sleep_idle_s"))
 
 
 @dataclass(frozen=True, slots=True)

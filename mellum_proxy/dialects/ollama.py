@@ -44,8 +44,11 @@ def parse_generate(body: Any, headers: Mapping[str, str], request_id: str) -> No
     suffix = fields.string("suffix")
     stream = fields.boolean("stream", default=True)  # Ollama streams unless told not to
     fields.boolean("raw")  # the proxy never applies a chat template: raw or not, the prompt is the text
-    for ignored in ("model", "keep_alive", "context", "images", "system", "template", "format"):
-        fields.raw(ignored)  # the upstream's model and memory are not the client's to choose here
+    for ignored in ("model", "context", "images", "system", "template", "format"):
+        fields.raw(ignored)  # the upstream's model is not the client's to choose here
+    keep_alive = fields.raw("keep_alive")  # how long its model stays loaded: passed on to an Ollama server
+    if keep_alive is not None and (isinstance(keep_alive, bool) or not isinstance(keep_alive, str | int | float)):
+        raise InvalidRequestError("'keep_alive' must be a duration ('30m') or a number of seconds")
     options_value = fields.raw("options") or {}
     if not isinstance(options_value, dict):
         raise InvalidRequestError("'options' must be an object")
@@ -57,7 +60,7 @@ def parse_generate(body: Any, headers: Mapping[str, str], request_id: str) -> No
         id=request_id, route=DIALECT, session=session_key(headers), prefix=prompt, suffix=suffix or None,
         stream=stream, max_tokens=None if num_predict is None or num_predict < 0 else num_predict, params=params,
         file_path=header(headers, "X-File-Path"), language=header(headers, "X-Language"), context_tokens=num_ctx,
-        edit_region=None if suffix else edit_region_format(prompt),
+        edit_region=None if suffix else edit_region_format(prompt), keep_alive=keep_alive,
     )  # fmt: skip
 
 

@@ -47,6 +47,7 @@ async def embedded_upstream(app: web.Application) -> AsyncIterator[None]:
         section.threads,
         swa_full=True,  # gemma-3's sliding-window layers would otherwise re-process every prompt from its start
         kv_type=section.kv_type,
+        sleep_idle_s=section.sleep_idle_s,
     )
     url = await asyncio.to_thread(server.start)  # the model load blocks for a second or two
     log.debug("embedded llama.cpp server at %s (model %s)", url, section.model or "gemma-3-270m")

@@ -122,6 +122,10 @@ class Flights:
         flight.producer = self._own(self._produce(request, flight, lease))
         return flight
 
+    def own(self, work: Any) -> asyncio.Task[None]:
+        """Run `work` in a task these flights own: cancelled and awaited at `close`."""
+        return self._own(work)
+
     def _own(self, work: Any) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)

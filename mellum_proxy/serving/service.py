@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 
@@ -37,11 +38,13 @@ from mellum_proxy.serving.typed_through import TypedThrough
 from mellum_proxy.shaping.cleanup import Cleaner
 from mellum_proxy.shaping.lines import LineGate
 from mellum_proxy.telemetry import RequestRecord, Telemetry
-from mellum_proxy.upstream.capabilities import CompletionSource
+from mellum_proxy.upstream.capabilities import CompletionSource, Wakes
 
 log = logging.getLogger("mellum_proxy")
 
 CLOSE_ANSWER_S = 1.0  # at shutdown, for the requests cut at the end of the grace to write their last event
+WARM_AFTER_WAKE_S = 10.0  # the longest the other slots are held after a wake, waiting for the typing to pause
+WARM_QUIET_S = 0.5  # no completion asked this long: the typing paused (a keystroke's gap is 100-300 ms)
 
 
 class CompletionService:
@@ -59,6 +62,10 @@ class CompletionService:
                                takeover=policies.reuse is not None)  # fmt: skip
         self.typed_through = TypedThrough(policies, self.flights, telemetry, budget.settings.max_tokens)
         self.documents = Documents()  # a session for each document of a client that names none
+        self.wakes = upstream if isinstance(upstream, Wakes) else None  # a server that may sleep
+        self._wakes_warmed = 0  # the wakes after which the other slots were warmed
+        self._newest: tuple[NormalizedRequest, BudgetedPrompt] | None = None  # the newest prompt while one wakes
+        self._last_arrival = 0.0  # the clock's time the newest completion request came
         self._open: set[anyio.CancelScope] = set()  # the requests being served
         self._arrivals = itertools.count()  # each request's place in arrival order (a session's newest is last)
         self._idle = Changes()  # notified when the last one ends
@@ -68,6 +75,8 @@ class CompletionService:
         reached the edge, before its body was read (its record counts from then); None: now."""
         request = self.documents.assign(request)
         order = next(self._arrivals)
+        if self._newest is not None:  # after a wake: the pause the other slots wait for
+            self._last_arrival = self.clock.now()
         record = self.telemetry.start(request, arrived)
         record.arrived(self.policies.admission.depth, self.policies.admission.running)
         completion = Completion(id=f"cmpl-{request.id}")
@@ -158,6 +167,8 @@ class CompletionService:
             prompt = await self.budget.apply(request)
             record.fitted(prompt)
             completion.truncated = prompt.truncated
+            if self.wakes is not None:  # a sleeping server is woken first; the wait is superseded as any other
+                await self._awake(request, prompt, record)
             waits = not policies.admission.has_free_slot()  # else the slot is taken without a wait
             queued_from = clock.now() if waits else 0.0
             try:
@@ -168,6 +179,48 @@ class CompletionService:
             entry.ticket.running = True
             await self._stream(request, prompt, answer, completion, record, lease, entry.ticket, entry.deadline)
         return entry.cut or Outcome.OK
+
+    async def _awake(self, request: NormalizedRequest, prompt: BudgetedPrompt, record: RequestRecord) -> None:
+        """Wait for the upstream to be awake; a request that waited for a wake (or began one) says so.
+
+        After a sleep every slot's prompt cache is empty, and the wake fills one. Until the typing pauses (no
+        completion asked for `WARM_QUIET_S`), the others are held back, so every keystroke goes to the slot the
+        wake warmed; then they are filled with the newest prompt in the background while the person reads the
+        suggestion, and given back. (A keystroke that found the warmed slot busy paid a whole prefill on another:
+        the pause's request waited 240-430 ms in the proxy for it; filling the others at once, or as soon as a
+        keystroke was answered, took the one CPU the keystrokes needed.)"""
+        wakes = self.wakes
+        assert wakes is not None
+        started = self.clock.now()
+        self._newest = (request, prompt)
+        try:
+            waited = await wakes.awake(request, prompt)
+        except BaseException:
+            record.woke((self.clock.now() - started) * 1000)  # superseded or past its deadline while it woke
+            raise
+        if waited is None:
+            return
+        record.woke(waited)
+        if wakes.wakes != self._wakes_warmed:
+            self._wakes_warmed = wakes.wakes
+            admission = self.policies.admission
+            held = [await admission.acquire() for _ in range(admission.limit - 1) if admission.has_free_slot()]
+            if held:
+                self.flights.own(self._warm_after_pause(held))
+
+    async def _warm_after_pause(self, held: list[Lease]) -> None:
+        """Fill the slots `held` back after a wake with the newest prompt once the typing paused (at most
+        `WARM_AFTER_WAKE_S` after the wake), each a prefill-only request that gives its slot back when done."""
+        clock = self.clock
+        until = clock.now() + WARM_AFTER_WAKE_S
+        while (quiet_at := self._last_arrival + WARM_QUIET_S) > clock.now() and clock.now() < until:
+            await asyncio.sleep(min(quiet_at, until) - clock.now())  # a timer (loop time): an arrival moves it on
+        assert self._newest is not None, "set before the wake"
+        request, prompt = self._newest
+        cold = dataclasses.replace(prompt, max_tokens=0)
+        for slot, lease in enumerate(held, 1):
+            warm = dataclasses.replace(request, id=f"{request.id}-warm{slot}", max_tokens=0)
+            self.flights.start(warm, cold, Completion(id=warm.id), lease)  # ends on its own: it asks no token
 
     async def _hold(self, request: NormalizedRequest, record: RequestRecord, order: int) -> bool:
         """The dispatch hold; False when a newer request of the session replaced this one meanwhile."""

@@ -63,6 +63,7 @@ class RequestRecord:
     vram_source: str = "none"
     content: dict[str, str | None] | None = None  # only with --log-content
     lane: str = "completion"  # or "bulk": chat, agents, tools passed through (`queue_ms` its wait for a slot)
+    wake_ms: float | None = None  # it waited this long for the server to wake (it slept, or this request woke it)
 
     @classmethod
     def start(
@@ -96,6 +97,10 @@ class RequestRecord:
         """The context budget fitted it to `prompt`."""
         self.prompt_tokens_before, self.prompt_tokens_after = prompt.tokens_before, prompt.tokens_after
         self.truncated, self.tokenizer = prompt.truncated, prompt.method
+
+    def woke(self, ms: float) -> None:
+        """It waited `ms` for a sleeping server to load its model."""
+        self.wake_ms = ms
 
     def queued(self, ms: float) -> None:
         """It waited `ms` for an upstream slot."""

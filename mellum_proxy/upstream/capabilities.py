@@ -36,3 +36,17 @@ class SaysWhoServed(Protocol):
     """Several servers behind one source (`Upstreams`): which one answered a request."""
 
     def served_by(self, request_id: str) -> str | None: ...
+
+
+@runtime_checkable
+class Wakes(Protocol):
+    """A server that may sleep (unload its model when idle): woken before a completion is sent (`Upstreams`)."""
+
+    @property
+    def wakes(self) -> int:
+        """How many times it was woken so far."""
+        ...
+
+    async def awake(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> float | None:
+        """Wait until it is awake, waking it if it sleeps; the milliseconds waited (None: it was awake)."""
+        ...

@@ -19,6 +19,7 @@ from mellum_proxy.models import Batches, BudgetedPrompt, NormalizedRequest
 from mellum_proxy.upstream.errors import status_error, translate_errors
 from mellum_proxy.upstream.holding import Holding
 from mellum_proxy.upstream.servers import GENERIC, ServerKind, kind_named
+from mellum_proxy.upstream.servers.ollama import KEEP_ALIVE
 from mellum_proxy.upstream.servers.openai import model_ids
 from mellum_proxy.urls import redact_url
 
@@ -53,6 +54,7 @@ class UpstreamClient:
         # before its prefill and stays silent this long is down. None: no limit but the request's deadline.
         self.answer_timeout_s = s.answer_timeout_s if s else None
         self.lane_hints = {SLO_TTFT_HEADER: str(s.slo_ttft_ms)} if s and s.slo_ttft_ms is not None else {}  # llm-d
+        self.keep_alive = s.keep_alive if s else None  # Ollama's, where the kind takes it
         self.holding = Holding(self)
         self.reconnected = False  # a pooled connection turned out closed since the health watch last looked
 
@@ -109,20 +111,24 @@ class UpstreamClient:
             return await self.session.request(method, url, **options)
 
     async def stream_completion(
-        self, request: NormalizedRequest, prompt: BudgetedPrompt, answer_s: float | None = None
+        self, request: NormalizedRequest, prompt: BudgetedPrompt, answer_s: float | None = None, loading: bool = False
     ) -> Batches:
         """Complete `request` fitted to `prompt` through the kind's wire; its chunks a network read at a time.
-        `answer_s`: a shorter wait for the answer to start than `answer_timeout_s` (there is a fallback).
+        `answer_s`: a shorter wait for the answer to start than `answer_timeout_s` (there is a fallback);
+        `loading`: the server loads its model first (a wake): no answer timeout.
 
         Raises:
             UpstreamError: the upstream is unreachable, answered an error, or sent garbage.
         """
         wire = self.kind.wire
-        if not wire.answers_at_once:  # Ollama answers only with its first token: no answer timeout
+        if not wire.answers_at_once or loading:  # Ollama answers only with its first token: no answer timeout
             answer_s = None
         elif answer_s is None or (self.answer_timeout_s is not None and self.answer_timeout_s < answer_s):
             answer_s = self.answer_timeout_s
-        body = orjson.dumps(wire.body(request, prompt, self.model, self.defaults))
+        defaults = self.defaults
+        if self.kind.keep_alive and self.keep_alive is not None:
+            defaults = {**defaults, KEEP_ALIVE: self.keep_alive}
+        body = orjson.dumps(wire.body(request, prompt, self.model, defaults))
         extra = self.routing_header or self.lane_hints  # else no headers to merge: `open` sends its JSON ones
         headers = {**_JSON, **self.routing(request), **self.lane_hints} if extra else None
         async with self.open("POST", wire.path, body, headers, answer_s=answer_s) as resp:

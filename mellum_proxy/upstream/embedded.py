@@ -46,6 +46,8 @@ class EmbeddedServer:
         verbosity: llama.cpp's log level on stderr (4 prints its buffer sizes, for `inspect-log`).
         kv_type: the KV cache's type (`f16`, `q8_0`, `q4_0`; llama.cpp's `-ctk`/`-ctv`); a quantized V cache
             turns flash attention on, as llama.cpp requires.
+        sleep_idle_s: unload the model after this many seconds without a task (llama.cpp's `--sleep-idle-seconds`;
+            0: never); the next task loads it again. `/props` says `is_sleeping` meanwhile.
 
     The server starts the knobs it is given: llama.cpp's own fitting to free memory (`-fit`, which shrinks the
     context when the cache would not fit) is off, so a context that cannot be allocated fails at load, saying so.
@@ -61,6 +63,7 @@ class EmbeddedServer:
         swa_full: bool = False,
         verbosity: int = 0,
         kv_type: str = "f16",
+        sleep_idle_s: int = 0,
     ) -> None:
         self.model = model
         self.ctx_tokens = ctx_tokens
@@ -70,6 +73,7 @@ class EmbeddedServer:
         self.swa_full = swa_full
         self.verbosity = verbosity
         self.kv_type = kv_type
+        self.sleep_idle_s = sleep_idle_s
         self._server: Any = None
         self.url: str | None = None
         self.thread_ids: set[int] = set()  # the threads the server started (Linux), for `proc.pin_apart`
@@ -98,6 +102,8 @@ class EmbeddedServer:
         params.verbosity = self.verbosity
         params.swa_full = self.swa_full
         params.cache_type_k = params.cache_type_v = _ggml_type(xllamacpp, self.kv_type)
+        if self.sleep_idle_s > 0:
+            params.sleep_idle_seconds = self.sleep_idle_s
         if hasattr(params, "fit_params"):
             params.fit_params = False
         before = thread_ids()

@@ -89,3 +89,9 @@ class ServerKind:
     tokenize: TokenizeShape | None = None
     overflow: Overflow | None = None
     start_flags: Callable[[int, int, str], str] | None = None  # context per request, batch, KV cache type
+    # Whether its model is unloaded now (True: asleep; None: it cannot say), read without waking it or keeping it
+    # awake; and its cheapest request that loads the model again (None: a prefill-only completion of the prompt,
+    # which also fills its prompt cache for the keystrokes after it).
+    asleep: Callable[[Transport], Awaitable[bool | None]] | None = None
+    wake: Callable[[Transport], Awaitable[None]] | None = None
+    keep_alive: bool = False  # it takes `keep_alive` (how long to keep the model loaded) on every completion

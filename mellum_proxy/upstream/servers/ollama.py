@@ -12,6 +12,11 @@ native endpoint with `raw: true` sends the prompt as it is (ollama `api/types.go
 What the proxy learns from it (server/routes.go): `/api/ps` lists the loaded models, each with its
 `context_length` in newer builds; `/api/show` gives a model's `parameters` (`num_ctx N` when the
 Modelfile sets it); otherwise the server's default, `OLLAMA_CONTEXT_LENGTH`, 4096 (envconfig/config.go).
+
+Ollama unloads a model after `keep_alive` without a request (5 minutes by default, `OLLAMA_KEEP_ALIVE`); users of
+local completion report first completions of 7 to 270 s after that. Every `/api/generate` the proxy sends carries
+`keep_alive` (the client's own, else the `keep_alive` setting); a model missing from `/api/ps` is asleep, and a
+`/api/generate` with the model and no prompt loads it (Ollama's documented preload: `api.md`, "Load a model").
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from mellum_proxy.upstream.sse import MAX_EVENT_BYTES, load_event
 
 GENERATE_PATH = "/api/generate"
 DEFAULT_CONTEXT = 4096  # OLLAMA_CONTEXT_LENGTH's default (envconfig/config.go)
+KEEP_ALIVE = "keep_alive"  # the key under which the client's defaults carry the `keep_alive` setting
 # OpenAI / llama.cpp parameter names Ollama reads from `options` under the same name (api/types.go `Options`).
 OPTIONS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "seed", "repeat_penalty", "repeat_last_n",
            "presence_penalty", "frequency_penalty")  # fmt: skip
@@ -52,6 +58,9 @@ def generate_payload(
     if stops or prompt.stops:
         options["stop"] = list(dict.fromkeys([*stops, *prompt.stops]))
     payload: dict[str, Any] = {"model": model or "", "prompt": prompt.prompt, "stream": True, "options": options}
+    keep_alive = request.keep_alive if request.keep_alive is not None else params.get(KEEP_ALIVE)
+    if keep_alive is not None:
+        payload["keep_alive"] = keep_alive
     if prompt.suffix is not None:
         payload["suffix"] = prompt.suffix
     else:
@@ -187,6 +196,30 @@ async def discover(upstream: Transport) -> Found:
     return Found("ollama", model, context_of(loaded, show) or DEFAULT_CONTEXT, None)
 
 
+async def asleep(upstream: Transport) -> bool | None:
+    """Its model is not among those `/api/ps` lists as loaded (None: no model named, or no answer)."""
+    if upstream.model is None:
+        return None
+    ps = await _get(upstream, "/api/ps")
+    models = ps.get("models") if isinstance(ps, dict) else None
+    if not isinstance(models, list):
+        return None
+    loaded = {m.get(key) for m in models if isinstance(m, dict) for key in ("name", "model")}
+    return upstream.model not in loaded
+
+
+async def wake(upstream: Transport) -> None:
+    """The preload: `/api/generate` with the model and no prompt loads it (and answers once it is loaded)."""
+    body: dict[str, Any] = {"model": upstream.model or "", "stream": False}
+    keep_alive = getattr(upstream, "keep_alive", None)
+    if keep_alive is not None:
+        body["keep_alive"] = keep_alive
+    await upstream.post_json(GENERATE_PATH, body, timeout_s=WAKE_TIMEOUT_S)
+
+
+WAKE_TIMEOUT_S = 300.0  # a large model from a slow disk
+
+
 def start_flags(context: int, batch: int, kv_type: str) -> str:
     return f"num_ctx {context}, OLLAMA_NUM_PARALLEL={batch}, OLLAMA_KV_CACHE_TYPE={kv_type}, OLLAMA_FLASH_ATTENTION=1"
 
@@ -198,4 +231,7 @@ OLLAMA = ServerKind(
     wire=GenerateWire(),
     probe=("/api/version", lambda answer: isinstance(answer, dict) and "version" in answer),
     start_flags=start_flags,
+    asleep=asleep,
+    wake=wake,
+    keep_alive=True,
 )

@@ -1,13 +1,16 @@
 """vLLM (read against `vllm/entrypoints/openai/api_server.py`): `/v1/models` entries `owned_by: "vllm"` with
 `max_model_len`; no `/props`: it batches up to `--max-num-seqs` and aborts a request whose client goes away.
 `/metrics` counts what it runs and what waits; `/tokenize` takes `prompt` (`TokenizeCompletionRequest`) and gives
-the vocabulary's token strings when asked (`return_token_strs`)."""
+the vocabulary's token strings when asked (`return_token_strs`). Started with `--enable-sleep-mode` (and
+`VLLM_SERVER_DEV_MODE=1`), it answers `GET /is_sleeping` (`{"is_sleeping": bool}`) and is woken by `POST /wake_up`
+(`vllm/entrypoints/openai/api_server.py`); without it those paths are 404, and the proxy does not ask again."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+from mellum_proxy.errors import UpstreamError, UpstreamProtocolError
 from mellum_proxy.upstream.servers.base import Found, Overflow, ServerKind, TokenizeShape, Transport
 from mellum_proxy.upstream.servers.openai import CompletionsWire, listed_context, served_model
 
@@ -47,6 +50,22 @@ def _pieces(answer: Any, text: str) -> list[Any] | None:
 TOKENIZE = TokenizeShape("vllm", _body, _pieces, _ids, vocabulary=True)
 
 
+async def asleep(upstream: Transport) -> bool | None:
+    try:
+        answer = await upstream.get_json("/is_sleeping", timeout_s=1.0)
+    except UpstreamError:
+        return None
+    sleeping = answer.get("is_sleeping") if isinstance(answer, dict) else None
+    return sleeping if isinstance(sleeping, bool) else None
+
+
+async def wake(upstream: Transport) -> None:
+    try:
+        await upstream.post_json("/wake_up", {}, timeout_s=300.0)
+    except UpstreamProtocolError:
+        pass  # it answers 200 with no body
+
+
 def start_flags(context: int, batch: int, kv_type: str) -> str:
     cache = "auto" if kv_type in ("f16", "bf16") else kv_type
     return f"vllm serve MODEL --max-model-len {context} --max-num-seqs {batch} --kv-cache-dtype {cache}"
@@ -67,4 +86,6 @@ VLLM = ServerKind(
         ("maximum context length",), (re.compile(r"\((\d+) in the messages"), re.compile(r"(\d+) input tokens"))
     ),
     start_flags=start_flags,
+    asleep=asleep,
+    wake=wake,
 )
