@@ -65,7 +65,10 @@ class CompletionService:
         self.wakes = upstream if isinstance(upstream, Wakes) else None  # a server that may sleep
         self._wakes_warmed = 0  # the wakes after which the other slots were warmed
         self._newest: tuple[NormalizedRequest, BudgetedPrompt] | None = None  # the newest prompt while one wakes
-        self._last_arrival = 0.0  # the clock's time the newest completion request came
+        self._slots_held = False  # slots are held back after a wake, until the typing pauses
+        self._last_arrival = 0.0  # the clock's time the newest completion request came (after a wake)
+        self._arrivals_after_wake = 0
+        self._arrived = Changes()
         self._open: set[anyio.CancelScope] = set()  # the requests being served
         self._arrivals = itertools.count()  # each request's place in arrival order (a session's newest is last)
         self._idle = Changes()  # notified when the last one ends
@@ -75,8 +78,10 @@ class CompletionService:
         reached the edge, before its body was read (its record counts from then); None: now."""
         request = self.documents.assign(request)
         order = next(self._arrivals)
-        if self._newest is not None:  # after a wake: the pause the other slots wait for
+        if self._slots_held:  # after a wake: the pause the other slots wait for
             self._last_arrival = self.clock.now()
+            self._arrivals_after_wake += 1
+            self._arrived.notify()
         record = self.telemetry.start(request, arrived)
         record.arrived(self.policies.admission.depth, self.policies.admission.running)
         completion = Completion(id=f"cmpl-{request.id}")
@@ -206,6 +211,7 @@ class CompletionService:
             admission = self.policies.admission
             held = [await admission.acquire() for _ in range(admission.limit - 1) if admission.has_free_slot()]
             if held:
+                self._slots_held, self._last_arrival = True, self.clock.now()
                 self.flights.own(self._warm_after_pause(held))
 
     async def _warm_after_pause(self, held: list[Lease]) -> None:
@@ -213,8 +219,13 @@ class CompletionService:
         `WARM_AFTER_WAKE_S` after the wake), each a prefill-only request that gives its slot back when done."""
         clock = self.clock
         until = clock.now() + WARM_AFTER_WAKE_S
-        while (quiet_at := self._last_arrival + WARM_QUIET_S) > clock.now() and clock.now() < until:
-            await asyncio.sleep(min(quiet_at, until) - clock.now())  # a timer (loop time): an arrival moves it on
+        while (left := min(self._last_arrival + WARM_QUIET_S, until) - clock.now()) > 0:
+            seen = self._arrivals_after_wake
+            try:  # a newer request starts the quiet again
+                await self._arrived.wait_for(lambda: self._arrivals_after_wake != seen, left)  # noqa: B023
+            except TimeoutError:
+                break
+        self._slots_held = False
         assert self._newest is not None, "set before the wake"
         request, prompt = self._newest
         cold = dataclasses.replace(prompt, max_tokens=0)

@@ -24,15 +24,7 @@ the answer): it is the client's error, as with one upstream.
 
 With one upstream nothing here changes what the proxy does: there is nothing to fail over to.
 
-Servers that sleep (llama.cpp's `--sleep-idle-seconds`, Ollama's `keep_alive`, vLLM's sleep mode) unload their
-model when idle. The health watch reads it from the serving one (its kind's `asleep`, which neither wakes it nor
-keeps it awake) and learns its idle limit from the quiet before it slept. The first completion after a quiet that
-long, or to a server found asleep, wakes it (`awake`) with the kind's cheapest request: for llama.cpp a prefill-only
-completion of that prompt, so the model is loaded and the prompt cached by the time the person pauses. The wake runs
-in a task of its own, which no later keystroke cancels; the completions that come meanwhile wait for it in the
-proxy, each superseded by the next as usual, instead of queueing at a server that cannot start them (each
-cancelled one then held a slot until the server let go of it: the pause's request timed out). The proxy never
-keeps a sleeping server awake: it asks only when the person types.
+Servers that sleep are read and woken by `mellum_proxy.upstream.sleep` (the health watch reads, a completion wakes).
 """
 
 from __future__ import annotations
@@ -43,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from mellum_proxy.errors import (
@@ -57,6 +49,7 @@ from mellum_proxy.models import Batches, BudgetedPrompt, Chunk, NormalizedReques
 from mellum_proxy.observe import Changes
 from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.health import answer_problem
+from mellum_proxy.upstream.sleep import Sleep
 
 log = logging.getLogger("mellum_proxy")
 
@@ -129,15 +122,7 @@ class Member:
     strikes: int = 0  # completions failed in a row: each doubles the wait before a health check brings it back
     down_at: float = 0.0  # the loop's time when a completion's failure took it down
     streak: int = 0  # answers in a row since its last failure
-    # sleep: what the health watch read, what the proxy learned of its idle limit, and its wakes
-    asleep: bool = False
-    says_sleep: bool | None = None  # whether its kind can say (None: not asked yet)
-    last_used: float | None = None  # the loop's time of the last completion sent to it, or ended
-    idle_limit_s: float | None = None  # the shortest quiet after which it was found asleep
-    waking: asyncio.Task[float] | None = None
-    wakes: int = 0
-    last_wake_s: float | None = None  # how long its last wake took
-    woke_at: float | None = None  # unix seconds
+    sleep: Sleep = field(default_factory=Sleep)  # whether it sleeps, and its wakes
     first_answers: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))  # seconds, newest last
     timeouts: deque[bool] = field(default_factory=lambda: deque(maxlen=4))  # its last attempts: timed out or not
 
@@ -173,12 +158,7 @@ class Member:
             "failed": self.failed,
             "last_error": self.last_error,
             "since": round(self.since, 3),
-            "asleep": self.asleep,
-            "waking": self.waking is not None,
-            "idle_limit_s": None if self.idle_limit_s is None else round(self.idle_limit_s, 1),
-            "wakes": self.wakes,
-            "last_wake_s": None if self.last_wake_s is None else round(self.last_wake_s, 3),
-            "woke_at": None if self.woke_at is None else round(self.woke_at, 3),
+            **self.sleep.status(),
         }
 
 
@@ -205,7 +185,7 @@ class Upstreams:
         self.on_up: Callable[[UpstreamClient], Awaitable[None]] | None = None  # rediscover a returning one
         # ask one that may have restarted what it is now: after a closed pooled connection, every IDENTITY_CHECKS
         self.on_restart: Callable[[UpstreamClient], Awaitable[None]] | None = None
-        self._checks = 0
+        self._checks = 0  # health checks made
         self._served: dict[str, str] = {}
         self.changes = Changes()  # notified when one goes down or comes back
         self.reveal = False  # an upstream's own error text in `last_error` and the console (`--log-content`)
@@ -281,85 +261,18 @@ class Upstreams:
                     raise first_error from error  # the one that was asked first says most
                 continue
             member.served += 1
-            member.last_used = loop.time()
+            member.sleep.last_used = loop.time()
             return
 
     @property
     def wakes(self) -> int:
         """The wakes of every member so far."""
-        return sum(member.wakes for member in self.members)
+        return sum(member.sleep.wakes for member in self.members)
 
     async def awake(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> float | None:
-        """Before a completion is sent: wake the serving member if it sleeps (found asleep, or quiet longer than
-        its learned idle limit) and wait for the wake, in progress or begun here; the milliseconds this request
-        waited for it, or None when there was no wake to wait for. Cancelling the wait leaves the wake going."""
+        """Before a completion is sent: the serving member awake (`mellum_proxy.upstream.sleep.Sleep.awake`)."""
         member = self.serving
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if member.waking is None:
-            quiet = None if member.last_used is None else now - member.last_used
-            overdue = member.idle_limit_s is not None and quiet is not None and quiet > member.idle_limit_s
-            member.last_used = now
-            if not (member.asleep or overdue):
-                return None
-            wake = self._wake(member, request, prompt, quiet)
-            member.waking = asyncio.create_task(wake, name="upstream-wake")
-            self.changes.notify()
-        await asyncio.shield(member.waking)
-        return (loop.time() - now) * 1000
-
-    async def _wake(
-        self, member: Member, request: NormalizedRequest, prompt: BudgetedPrompt, quiet: float | None
-    ) -> float:
-        """Load its model with the kind's cheapest request (without a wake of its own: a prefill-only completion of
-        `prompt`); how long that took (said once it is done)."""
-        client, loop = member.client, asyncio.get_running_loop()
-        started = loop.time()
-        if not member.asleep:  # found by the quiet alone: said now
-            log.info("upstream %s has been idle %.0f s, past its %.0f s idle limit: waking it", client.shown_url,
-                     quiet or 0.0, member.idle_limit_s or 0.0)  # fmt: skip
-        try:
-            if client.kind.wake is not None:
-                await client.kind.wake(client)
-            else:
-                await _prefill(
-                    client, replace(request, id=f"{request.id}-wake", max_tokens=0), replace(prompt, max_tokens=0)
-                )
-        except UpstreamError as error:
-            log.info("upstream %s: the wake-up request failed (%s)", client.shown_url,
-                     error.message if self.reveal else error.shown)  # fmt: skip
-        finally:
-            took = loop.time() - started
-            member.asleep, member.waking, member.last_used = False, None, loop.time()
-            member.wakes, member.last_wake_s, member.woke_at = member.wakes + 1, took, time.time()
-            self.changes.notify()
-        log.info("upstream %s woke in %.2f s (the model loaded after %s of quiet)", client.shown_url, took,
-                 "an unknown time" if quiet is None else f"{quiet:.1f} s")  # fmt: skip
-        return took
-
-    async def _read_sleep(self, member: Member) -> None:
-        """What the serving member's kind says of its sleep, said on the console when it falls asleep."""
-        asleep_of = member.client.kind.asleep
-        if asleep_of is None or member.says_sleep is False or member.waking is not None:
-            return
-        asleep = await asleep_of(member.client)
-        if asleep is None:
-            member.says_sleep = member.says_sleep or False  # never said: not asked again; said once: a hiccup
-            return
-        member.says_sleep = True
-        if asleep and not member.asleep:
-            member.asleep = True
-            now = asyncio.get_running_loop().time()
-            quiet = None if member.last_used is None else now - member.last_used
-            if quiet is not None and quiet > 0:
-                member.idle_limit_s = quiet if member.idle_limit_s is None else min(member.idle_limit_s, quiet)
-            after = "" if quiet is None else f" after {quiet:.0f} s without a completion"
-            log.info("upstream %s is asleep (its model unloaded%s): the next keystroke wakes it",
-                     member.client.shown_url, after)  # fmt: skip
-            self.changes.notify()
-        elif not asleep and member.asleep:
-            member.asleep = False  # woken by someone else
-            self.changes.notify()
+        return await member.sleep.awake(member.client, request, prompt, self.changes, self.reveal)
 
     def wait_s(self, member: Member, following: Member | None, spent_s: float) -> float | None:
         """How long `member` may take to start its answer before the request goes on to `following` (None: no
@@ -432,7 +345,8 @@ class Upstreams:
                 self._down(member, "waiting after failed completions")
         serving = self.serving
         if serving.up:
-            await self._read_sleep(serving)
+            await serving.sleep.read(serving.client, self.changes)
+        self.changes.notify()  # a check was made (tests wait on checks, not on the clock)
 
     def comeback_s(self, member: Member) -> float:
         """How long after a completion took `member` down a healthy `/health` may bring it back: 0 after none,
@@ -461,10 +375,3 @@ class Upstreams:
 
     async def model_ids(self) -> list[str]:
         return await self.client.model_ids()
-
-
-async def _prefill(client: UpstreamClient, request: NormalizedRequest, prompt: BudgetedPrompt) -> None:
-    """A prefill-only completion, waiting as long as the model takes to load."""
-    async with aclosing(client.stream_completion(request, prompt, loading=True)) as batches:
-        async for _ in batches:
-            pass

@@ -293,6 +293,23 @@ async def test_an_ollama_shaped_upstream_serves_every_dialect_through_its_native
     assert "x_1999 = 1999\n" in ollama.generate[-1]["prompt"]
 
 
+async def test_every_generate_sent_to_ollama_carries_keep_alive(make_proxy: ProxyFactory, aiohttp_server: Any) -> None:
+    """Ollama unloads a model after 5 idle minutes (its default `keep_alive`): every `/api/generate` the proxy sends
+    carries the setting's (30m by default, `--keep-alive 45m` sends "45m"), and a client's own passes through."""
+    ollama = OllamaShaped()
+    upstream = str((await aiohttp_server(ollama.app())).make_url(""))
+    proxy = await make_proxy(upstream=upstream, reuse=False)
+    for path, body in BODIES.items():
+        assert (await proxy.post(path, json=body)).status == 200
+    assert [payload["keep_alive"] for payload in ollama.generate] == ["30m"] * len(BODIES)
+    ollama.generate.clear()
+    proxy = await make_proxy(upstream=upstream, reuse=False, keep_alive="45m")
+    assert (await proxy.post("/v1/completions", json={"prompt": "x"})).status == 200
+    assert (await proxy.post("/api/generate", json={"prompt": "y", "model": "m", "keep_alive": "2h"})).status == 200
+    assert (await proxy.post("/api/generate", json={"prompt": "y", "model": "m", "keep_alive": True})).status == 400
+    assert [payload["keep_alive"] for payload in ollama.generate] == ["45m", "2h"]
+
+
 async def test_default_temperature_fills_in_only_what_the_client_left_out(
     make_proxy: ProxyFactory, aiohttp_server: Any
 ) -> None:
