@@ -7,6 +7,7 @@ from mellum_proxy.bench.runners import (
     budget,
     calibration,
     capacity_real,
+    day,
     fast_model,
     first_run,
     lab,
@@ -25,7 +26,7 @@ from mellum_proxy.bench.workloads import convert, synth
 from mellum_proxy.console import Parser
 
 COMMANDS = (replay, team, convert, ladder, quality, replay_report, overhead, budget, first_run, memory, soak, synth,
-            calibration, lab, tune, pauses, lanes, fast_model, capacity_real)  # fmt: skip
+            calibration, lab, tune, pauses, lanes, fast_model, capacity_real, day)  # fmt: skip
 
 
 def build_parser() -> Parser:

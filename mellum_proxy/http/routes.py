@@ -145,6 +145,7 @@ def status_body(app: web.Application) -> dict[str, Any]:
         "lanes": lanes_status(policies.admission, recent_queue_ms(records), recent_queue_ms(app[TELEMETRY].bulk)),
         "debouncing": policies.debouncer.held(),
         "sessions": policies.supersede.sessions(),
+        "documents": app[SERVICE].documents.held() if SERVICE in app else 0,  # anonymous editors' documents kept
         "recent": [
             {"id": r.id, "session": r.session, "outcome": r.outcome, "ttft_ms": r.ttft_ms, "total_ms": r.total_ms}
             for r in recent

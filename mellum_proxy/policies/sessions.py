@@ -77,6 +77,10 @@ class Documents:
             return request
         return replace(request, session=f"{request.session}#{document.number}")
 
+    def held(self) -> int:
+        """The documents kept, over every anonymous session (bounded: `MAX_SESSIONS` x `MAX_DOCUMENTS`)."""
+        return sum(len(documents) for documents in self._sessions.values())
+
     def shown(self, session: str, completion: Completion) -> None:
         """`completion` was shown for a request of `session` (as `assign` named it): its text is what a
         look-ahead of that document carries."""

@@ -340,6 +340,7 @@ class Upstreams:
                     await self.on_restart(member.client)
                     self.changes.notify()
             elif problem is not None:
+                member.sleep.asleep = False  # what it said of its sleep is over: it may come back another server
                 self._down(member, f"health check: {problem}")
             else:
                 self._down(member, "waiting after failed completions")
