@@ -41,7 +41,16 @@ STATE_EVERY_S = 1.0
 EXPLAIN_EVERY_S = 5.0
 BATCH_S = 0.2  # at most five writes a second, whatever the request rate: the page costs requests nothing
 MAX_PAGES = 8  # event streams open at once: pages left open in tabs never crowd out the editor's connections
-DOCTOR_READS = ("reached_upstream", "outcome", "prompt_tokens_before", "inflight", "ttft_ms", "vram_peak_mib")
+DOCTOR_READS = (
+    "reached_upstream",
+    "outcome",
+    "prompt_tokens_before",
+    "inflight",
+    "ttft_ms",
+    "vram_peak_mib",
+    "wake_ms",
+    "error",
+)
 PAGES = web.AppKey("pages", dict[str, int])  # "open": event streams open now; "closing": 1 once shutting down
 
 

@@ -2,7 +2,8 @@
 
 The tuning guide's failure table: fails at load -> quantization or a smaller model; fails only on long
 inputs -> default context, then batch; fails only with several users -> limit concurrency, then batch;
-memory free but slow -> batch or engine.
+memory free but slow -> batch or engine. Before them: a server that sleeps, when what fails is the first
+completions after a break (they waited for its wake: `wake_ms`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,15 @@ def diagnose(records: list[dict[str, Any]], probe: tuple[float | None, float | N
             "evidence": evidence,
         }
     failures = sum(r.get("outcome") in FAILED for r in reached)
+    woken = sum(r.get("outcome") in FAILED and r.get("wake_ms") is not None for r in records)
+    if woken >= MIN_FAILURES and woken * 2 >= failures:
+        return {
+            "verdict": "the first completions after a break fail while the server wakes "
+            "(it unloads its model when idle)",
+            "knob": "the server's idle limit (llama.cpp --sleep-idle-seconds, Ollama keep_alive: the proxy's "
+            "--keep-alive, vLLM's sleep mode), or a timeout_ms that covers its load",
+            "evidence": [*evidence, f"{woken} of the {failures} failed or timed-out requests waited for a wake"],
+        }  # fmt: skip
     for key, what, verdict, knob in (
         ("prompt_tokens_before", "prompts over {:g} tokens", "fails only on long inputs",
          "default context (max_context_tokens), then batch"),

@@ -101,18 +101,27 @@ function addRequest(record) {
 
 // ---- Now, Explain, the warning ------------------------------------------------------------------------------
 
+// A sleeping server (its model unloaded when idle) is up, and says so: the next keystroke wakes it.
+function upstreamState(member) {
+  if (!member.up) return "down";
+  if (member.waking) return "waking";
+  if (member.asleep) return "asleep";
+  return member.serving ? "serving" : "up";
+}
+
 function showState(state) {
   const view = state.discovered ?? {};
   const upstreams = document.querySelector("#upstreams tbody");
   upstreams.replaceChildren(...state.upstreams.map((member, index) => el("tr", {},
     el("td", {}, member.url),
-    el("td", {}, el("span", { class: `badge ${member.up ? "up" : "down"}` }, member.up ? (member.serving ? "serving" : "up") : "down")),
+    el("td", {}, el("span", { class: `badge ${upstreamState(member)}` }, upstreamState(member))),
     el("td", {}, index === 0 ? view.kind ?? "unknown" : ""),
     el("td", {}, index === 0 ? view.model ?? "" : ""),
     el("td", { class: "num" }, index === 0 ? view.context_tokens ?? "" : ""),
     el("td", { class: "num" }, index === 0 ? state.upstream.max_concurrency : ""),
     el("td", { class: "num" }, member.served),
-    el("td", { class: "num" }, member.failed))));
+    el("td", { class: "num" }, member.failed),
+    el("td", { class: "num" }, member.wakes ? `${member.wakes} (last ${member.last_wake_s} s)` : ""))));
   const bulk = state.lanes?.bulk ?? {};
   const counts = [["in flight", state.inflight], ["queued", state.queued], ["held (debounce)", state.debouncing],
     ["sessions", Object.keys(state.sessions ?? {}).length], ["chat / agents in flight", bulk.inflight],

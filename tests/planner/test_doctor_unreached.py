@@ -27,3 +27,14 @@ def test_a_server_that_answered_errors_is_still_judged_by_its_failures() -> None
         {"outcome": "upstream_error", "error": "server_error", "reached_upstream": True}
     ] * 5
     assert diagnose(failed)["verdict"] == "fails at load (or the server is down)"
+
+
+def test_first_completions_after_breaks_that_time_out_point_at_the_servers_sleep() -> None:
+    """A server that unloads its model when idle: what times out is what waited for its wake."""
+    typing = [{"outcome": "ok", "reached_upstream": True, "ttft_ms": 60.0}] * 40
+    after_breaks = [{"outcome": "timeout", "reached_upstream": False, "wake_ms": 1400.0}] * 5
+    verdict = diagnose(typing + after_breaks)
+    assert verdict["verdict"].startswith("the first completions after a break fail while the server wakes")
+    assert "--sleep-idle-seconds" in verdict["knob"] and "5 of the 5" in verdict["evidence"][-1]
+    slow = [{"outcome": "timeout", "reached_upstream": True, "ttft_ms": None}] * 5  # no wake: another verdict
+    assert "wakes" not in diagnose(typing + slow)["verdict"]
