@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mellum_proxy.bench.reporting import replay_report
 from mellum_proxy.bench.runners import (
+    breaks,
     budget,
     calibration,
     capacity_real,
@@ -26,7 +27,7 @@ from mellum_proxy.bench.workloads import convert, synth
 from mellum_proxy.console import Parser
 
 COMMANDS = (replay, team, convert, ladder, quality, replay_report, overhead, budget, first_run, memory, soak, synth,
-            calibration, lab, tune, pauses, lanes, fast_model, capacity_real, day)  # fmt: skip
+            calibration, lab, tune, pauses, lanes, fast_model, capacity_real, day, breaks)  # fmt: skip
 
 
 def build_parser() -> Parser:
