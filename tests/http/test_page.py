@@ -15,7 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mellum_proxy.http import RECORDS
+from mellum_proxy.http import RECORDS, UPSTREAMS
 from tests.browser import chromium, chromium_binary
 from tests.conftest import ProxyFactory
 
@@ -74,6 +74,12 @@ async def test_the_page_lists_each_completion_as_it_is_answered(make_proxy: Prox
             assert shown[rid] == [record.outcome, str(round(record.ttft_ms))]
         upstream = await page.until("document.querySelector('#upstreams tbody tr')?.textContent", 5)
         assert embedded_server.url in upstream and "serving" in upstream
+        member = proxy.app[UPSTREAMS].members[0]
+        member.sleep.asleep, member.sleep.wakes, member.sleep.last_wake_s = True, 2, 1.6  # as a sleeping server's
+        asleep = "document.querySelector('#upstreams tbody tr')?.textContent.includes('asleep')"
+        await page.until(asleep, 10)  # the next state event says it
+        assert "2 (last 1.6 s)" in await page.evaluate("document.querySelector('#upstreams tbody tr').textContent")
+        member.sleep.asleep = False
         evidence = await page.until("document.querySelector('#evidence li')?.textContent", 10)  # doctor's reading
         assert evidence.startswith("over the last 2 requests kept")  # what its counts are counted over
         assert "answered since start" in await page.evaluate("document.querySelector('#upstreams thead').textContent")
