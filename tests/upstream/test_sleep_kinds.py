@@ -39,6 +39,8 @@ class Answers:
         (LLAMACPP, {"/props": {"total_slots": 2, "is_sleeping": True}}, True),
         (LLAMACPP, {"/props": {"total_slots": 2, "is_sleeping": False}}, False),
         (LLAMACPP, {"/props": {"total_slots": 2}}, None),  # a build without sleep
+        (LLAMACPP, {"/v1/models": {"data": [{"id": "m", "status": {"value": "unloaded"}}]}}, True),  # router mode
+        (LLAMACPP, {"/v1/models": {"data": [{"id": "m", "status": {"value": "loaded", "args": []}}]}}, False),
         (OLLAMA, {"/api/ps": {"models": []}}, True),  # unloaded after its keep_alive
         (OLLAMA, {"/api/ps": {"models": [{"name": "m", "model": "m"}]}}, False),
         (VLLM, {"/is_sleeping": {"is_sleeping": True}}, True),

@@ -92,13 +92,26 @@ TOKENIZE = TokenizeShape("llama.cpp", _body, _pieces, _ids)
 
 
 async def asleep(upstream: Transport) -> bool | None:
-    """`/props` `is_sleeping` (builds without sleep do not say)."""
+    """`/props` `is_sleeping`; in router mode (one `llama-server` loading the model a request names, unloading the
+    least used or idle ones: `tools/server/server-models.cpp`), the model's `status.value` on `/v1/models`
+    (`unloaded` or `sleeping`: asleep). None: builds without either do not say."""
     try:
         props = await upstream.get_json("/props", timeout_s=1.0)
     except UpstreamError:
-        return None
+        props = None
     sleeping = props.get("is_sleeping") if isinstance(props, dict) else None
-    return sleeping if isinstance(sleeping, bool) else None
+    if isinstance(sleeping, bool):
+        return sleeping
+    try:
+        listed = await upstream.get_json("/v1/models", timeout_s=1.0)
+    except UpstreamError:
+        return None
+    entries = listed.get("data") if isinstance(listed, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        status = entry.get("status") if isinstance(entry, dict) else None
+        if entry.get("id") == upstream.model and isinstance(status, dict) and isinstance(status.get("value"), str):
+            return status["value"] in ("unloaded", "sleeping")
+    return None
 
 
 def start_flags(context: int, batch: int, kv_type: str) -> str:
