@@ -59,6 +59,8 @@ class Sleep:
         """Before a completion is sent: wake the server if it sleeps (found asleep, or quiet longer than its
         learned idle limit) and wait for the wake, in progress or begun here; the milliseconds this request
         waited for it, or None when there was no wake to wait for. Cancelling the wait leaves the wake going."""
+        if self.says is False and self.waking is None:
+            return None  # its kind cannot say it sleeps: nothing to learn or wake (and nothing more on the hot path)
         loop = asyncio.get_running_loop()
         now = loop.time()
         if self.waking is None:
