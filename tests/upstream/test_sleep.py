@@ -1,0 +1,95 @@
+"""`Sleep` in virtual time: what the health watch reads, the idle limit it learns, and one wake for a burst of
+keystrokes that no cancelled keystroke cuts short."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from mellum_proxy.models import BudgetedPrompt, NormalizedRequest
+from mellum_proxy.observe import Changes
+from mellum_proxy.upstream.sleep import Sleep
+from tests.virtual_time import run_virtual
+
+LOAD_S = 1.5
+REQUEST = NormalizedRequest(id="r", route="openai", session="s", prefix="def f(")
+PROMPT = BudgetedPrompt("def f(", None, 16, (), 3, 3, False, "bytes")
+
+
+@dataclass
+class SleepyServer:
+    """A server kind whose model sleeps when told, and loads in `LOAD_S` when woken."""
+
+    sleeping: bool = False
+    woken: int = 0
+
+    async def asleep(self, client: Any) -> bool:
+        return self.sleeping
+
+    async def wake(self, client: Any) -> None:
+        self.woken += 1
+        await asyncio.sleep(LOAD_S)
+        self.sleeping = False
+
+
+@dataclass
+class Client:
+    kind: SleepyServer = field(default_factory=SleepyServer)
+    shown_url: str = "http://127.0.0.1:8080"
+
+
+def test_a_burst_of_keystrokes_after_a_break_makes_one_wake_that_no_cancel_cuts() -> None:
+    async def scenario() -> None:
+        client: Any = Client()
+        sleep, changes = Sleep(), Changes()
+        loop = asyncio.get_running_loop()
+        assert await sleep.awake(client, REQUEST, PROMPT, changes) is None  # awake: nothing to wait for
+        await asyncio.sleep(3.0)
+        client.kind.sleeping = True
+        await sleep.read(client, changes)  # the health watch
+        assert sleep.asleep and sleep.idle_limit_s == 3.0  # learned from the quiet before it slept
+        first = asyncio.create_task(sleep.awake(client, REQUEST, PROMPT, changes))
+        await asyncio.sleep(0.2)
+        second = asyncio.create_task(sleep.awake(client, REQUEST, PROMPT, changes))
+        await asyncio.sleep(0.2)
+        first.cancel()  # superseded by the next keystroke: the wake goes on
+        started = loop.time()
+        waited = await second
+        assert loop.time() - started == pytest.approx(LOAD_S - 0.4) and waited == pytest.approx((LOAD_S - 0.2) * 1000)
+        assert client.kind.woken == 1 and sleep.wakes == 1 and sleep.last_wake_s == LOAD_S and not sleep.asleep
+        assert await sleep.awake(client, REQUEST, PROMPT, changes) is None  # awake again
+
+    run_virtual(scenario())
+
+
+def test_a_quiet_past_the_learned_idle_limit_wakes_it_before_the_watch_has_looked() -> None:
+    async def scenario() -> None:
+        client: Any = Client()
+        sleep, changes = Sleep(), Changes()
+        sleep.says, sleep.idle_limit_s = True, 2.0
+        await sleep.awake(client, REQUEST, PROMPT, changes)
+        await asyncio.sleep(2.5)  # slept meanwhile; the next health check has not come yet
+        assert await sleep.awake(client, REQUEST, PROMPT, changes) == pytest.approx(LOAD_S * 1000)
+        assert client.kind.woken == 1
+
+    run_virtual(scenario())
+
+
+def test_a_kind_that_cannot_say_is_never_asked_again_nor_woken() -> None:
+    async def scenario() -> None:
+        client: Any = Client()
+        sleep, changes = Sleep(), Changes()
+
+        async def cannot_say(_: Any) -> None:
+            return None
+
+        client.kind.asleep = cannot_say
+        await sleep.read(client, changes)
+        assert sleep.says is False
+        await asyncio.sleep(600.0)
+        assert await sleep.awake(client, REQUEST, PROMPT, changes) is None and client.kind.woken == 0
+
+    run_virtual(scenario())
