@@ -212,8 +212,9 @@ class Settings(BaseSettings):
         "(default: requests.jsonl in the user's state folder).",
     )
     log_max_mb: float = Field(
-        64.0, gt=0, le=1024 * 1024, allow_inf_nan=False, description="Rotate the request log past this size (keeps 3)."
+        64.0, gt=0, le=1024 * 1024, allow_inf_nan=False, description="Rotate the request log past this size."
     )
+    log_keep: int = Field(3, ge=1, le=10_000, description="Rotated request log files kept beside the current one.")
     log_content: bool = Field(False, description="Also log prompt, suffix and completion text.")
     record: Path | None = Field(None, description="Record every incoming completion request (for bench replay).")
     vram_interval_ms: int = Field(200, ge=10, description="GPU memory sampling period.")

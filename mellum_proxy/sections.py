@@ -149,6 +149,7 @@ class BudgetSection:
 class TelemetrySection:
     log: Path | None
     log_max_bytes: int = field(metadata=source("log_max_mb", lambda mb: int(mb * 1024 * 1024)))
+    log_keep: int
     log_content: bool
     record: Path | None
     vram_interval_s: float = field(metadata=source("vram_interval_ms", _seconds))

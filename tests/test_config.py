@@ -138,7 +138,7 @@ SETTINGS_USERS_HAVE = (
     "keep_prefill max_inflight max_concurrency max_queue ttft_timeout_ms timeout_ms max_context_tokens max_tokens "
     "prefix_ratio context_step_lines tokenizer fim_template complete_in_comments postprocess stop_at_blank_line "
     "default_temperature log log_max_mb log_content record vram_interval_ms gpu upstream_pid "
-    "completion_reserve max_bulk_queue bulk_wait_ms upstream_priority slo_header idle_timeout_ms keep_alive "
+    "completion_reserve max_bulk_queue bulk_wait_ms upstream_priority slo_header idle_timeout_ms keep_alive log_keep "
     "embedded_sleep_idle_s"
 ).split()
 

@@ -68,10 +68,10 @@ def gpu_opener(section: TelemetrySection, pid: int | None) -> Callable[[], NvmlB
     return lambda: NvmlBackend(section.gpu, pid)
 
 
-def _open_log(path: Path | None, max_bytes: int) -> JsonlLog | None:
+def _open_log(path: Path | None, max_bytes: int, keep: int) -> JsonlLog | None:
     if path is None:
         return None
-    sink = JsonlLog(path, max_bytes)
+    sink = JsonlLog(path, max_bytes, keep)
     sink.start()
     return sink
 
@@ -84,8 +84,8 @@ async def telemetry(app: web.Application) -> AsyncIterator[None]:
     gpu = GpuSampler(app.get(GPU_OPENER) or gpu_opener(section, pid), section.vram_interval_s)
     await asyncio.to_thread(gpu.open)
     sampler = asyncio.create_task(gpu.run(), name="gpu-sampler")
-    log_file = _open_log(section.log, section.log_max_bytes)
-    recorder = _open_log(section.record, section.log_max_bytes)
+    log_file = _open_log(section.log, section.log_max_bytes, section.log_keep)
+    recorder = _open_log(section.record, section.log_max_bytes, section.log_keep)
     timeout_s = sections.policies.timeout_s
     watch = DeadlineWatch(round(timeout_s * 1000)) if timeout_s else None
     app[TELEMETRY] = Telemetry(app[RECORDS], gpu, log_file, log_content=section.log_content, recorder=recorder,
