@@ -206,7 +206,7 @@ class CompletionService:
         if waited is None:
             return
         record.woke(waited)
-        if wakes.wakes != self._wakes_warmed:
+        if wakes.wakes != self._wakes_warmed and wakes.cache_per_slot:
             self._wakes_warmed = wakes.wakes
             admission = self.policies.admission
             held = [await admission.acquire() for _ in range(admission.limit - 1) if admission.has_free_slot()]

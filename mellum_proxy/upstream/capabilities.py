@@ -47,6 +47,11 @@ class Wakes(Protocol):
         """How many times it was woken so far."""
         ...
 
+    @property
+    def cache_per_slot(self) -> bool:
+        """Each of its slots keeps a prompt cache of its own (llama.cpp), all empty after a sleep."""
+        ...
+
     async def awake(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> float | None:
         """Wait until it is awake, waking it if it sleeps; the milliseconds waited (None: it was awake)."""
         ...

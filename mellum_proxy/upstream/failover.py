@@ -269,6 +269,11 @@ class Upstreams:
         """The wakes of every member so far."""
         return sum(member.sleep.wakes for member in self.members)
 
+    @property
+    def cache_per_slot(self) -> bool:
+        """Whether the serving upstream keeps a prompt cache per slot (llama.cpp): after a wake, the others empty."""
+        return self.serving.client.kind.cache_per_slot
+
     async def awake(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> float | None:
         """Before a completion is sent: the serving member awake (`mellum_proxy.upstream.sleep.Sleep.awake`)."""
         member = self.serving

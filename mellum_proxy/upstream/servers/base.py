@@ -95,3 +95,4 @@ class ServerKind:
     asleep: Callable[[Transport], Awaitable[bool | None]] | None = None
     wake: Callable[[Transport], Awaitable[None]] | None = None
     keep_alive: bool = False  # it takes `keep_alive` (how long to keep the model loaded) on every completion
+    cache_per_slot: bool = False  # each slot keeps its own prompt cache (all empty after a sleep)

@@ -134,4 +134,5 @@ LLAMACPP = ServerKind(
     ),
     start_flags=start_flags,
     asleep=asleep,
+    cache_per_slot=True,
 )
