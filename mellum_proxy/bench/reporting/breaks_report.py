@@ -28,9 +28,9 @@ def render(result: Breaks, command: str) -> str:
         "# The first suggestion after a break", "",
         f"`{command}`: the embedded llama.cpp (gemma-3-270m, 2 slots, 1 thread) unloading its model after "
         f"{result['sleep_idle_s']} idle seconds; after each break, {result['keystrokes']} keystrokes "
-        f"{result['gap_ms']:.0f} ms apart (one session, each a streamed `/v1/completions` of the last "
-        f"{result['prompt_chars']} characters typed), then a pause: the pause's first text. Warm: the same after "
-        "1 s breaks, the server awake.", "",
+        f"{result['gap_ms']:.0f} ms apart (one session, each a streamed `/v1/completions` of the text typed so far, "
+        f"from {result['prompt_chars']} characters of `inventory.py` on), then a pause: the pause's first text. "
+        "Warm: the same after 1 s breaks, the server awake.", "",
         "| mode | warm pauses ms | median | bar (2x + 150) | pauses after breaks ms | within the bar "
         "| asleep at the break's end |",
         "|---|---|---|---|---|---|---|",

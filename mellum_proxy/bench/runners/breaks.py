@@ -2,7 +2,7 @@
 
 The embedded llama.cpp unloads its model after `sleep_idle_s` idle seconds (`--sleep-idle-seconds`). After each
 break, `keystrokes` keystrokes `gap_ms` apart (one session, each a streamed `/v1/completions` of the text typed so
-far, its last `PROMPT_CHARS` characters) and then a pause: the time from the pause's keystroke to its first text.
+far, from `PROMPT_CHARS` characters on) and then a pause: the time from the pause's keystroke to its first text.
 Warm: the same after 1 s breaks, the server awake. Through `mellum-proxy serve` (a process of its own, its console
 kept), then going direct to the same server. The server's own `/props` says whether it slept in each break.
 """
@@ -78,7 +78,7 @@ async def typed(
     typing = []
     for n in range(keystrokes):
         end = start + n
-        typing.append(asyncio.create_task(first_text(session, url, text[max(0, end - PROMPT_CHARS) : end])))
+        typing.append(asyncio.create_task(first_text(session, url, text[:end])))  # typed on: the prefix grows
         await asyncio.sleep(gap_s)
     pause = await typing[-1]
     await asyncio.gather(*typing, return_exceptions=True)

@@ -2,12 +2,14 @@
 
 The embedded llama.cpp (gemma-3-270m) serves on a fixed port and unloads its model after 2 idle seconds. Two
 `mellum-proxy serve` processes (the installed service and a `make run` beside it) share one request log and front
-it. `typists` editors type bursts of keystrokes (each a streamed `/v1/completions`) with pauses, half naming their
-session and half not (llama.vim's way: the proxy tells their documents apart); every `BREAK_EVERY_S` all of them
-stop for `BREAK_S`, long enough for the server to fall asleep; halfway the server is stopped and started again on
-its port; editors open new connection pools now and then and leave some requests mid-flight. Every minute each
-proxy's resident memory, open files, threads, asyncio tasks, sessions and anonymous documents are read. At the
-end both are stopped with SIGTERM and the shared log is read back: every answered request must have its line.
+it, rotating at 8 MB and keeping every rotated file (`log_keep` 1000: what the default 3 drops by design, the
+oldest, would read as lost). `typists` editors type bursts of keystrokes (each a streamed `/v1/completions`) with
+pauses, half naming their session and half not (llama.vim's way: the proxy tells their documents apart); every
+`BREAK_EVERY_S` all of them stop for `BREAK_S`, long enough for the server to fall asleep; halfway the server is
+stopped and started again on its port; editors open new connection pools now and then and leave some requests mid-
+flight. Every minute each proxy's resident memory, open files, threads, asyncio tasks, sessions and anonymous
+documents are read. At the end both are stopped with SIGTERM and the shared log is read back: every answered request
+must have its line.
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ async def measure(minutes: float, typists: int, seed: int, progress: Callable[[s
     for name in ("service", "make-run"):
         listen = free_port()
         args = ["-m", "mellum_proxy", "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{listen}", "--log",
-                str(log), "--log-max-mb", "8", "--health-interval-ms", "500"]  # fmt: skip
+                str(log), "--log-max-mb", "8", "--log-keep", "1000", "--health-interval-ms", "500"]  # fmt: skip
         stderr = (folder / f"{name}.stderr").open("wb")
         stderr_files.append(stderr)
         process = await asyncio.create_subprocess_exec(sys.executable, *args, stdout=asyncio.subprocess.DEVNULL,
