@@ -24,9 +24,9 @@ import orjson
 
 from mellum_proxy.bench.reporting.breaks_report import Breaks, render
 from mellum_proxy.bench.reporting.writing import write_report
-from mellum_proxy.bench.runners.processes import wait_healthy
+from mellum_proxy.bench.runners.processes import stopped_like_ctrl_c, wait_healthy
 from mellum_proxy.bench.workloads.corpus import code_texts
-from mellum_proxy.console import POSITIVE, command, real
+from mellum_proxy.console import POSITIVE, command, fail, real
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from mellum_proxy.urls import free_port
 
@@ -46,8 +46,12 @@ def add_commands(commands: Any) -> None:
 
 
 def _breaks(args: argparse.Namespace) -> None:
-    result = asyncio.run(measure(args.breaks, args.break_s, args.keystrokes, args.gap_ms / 1000, args.sleep_idle_s,
-                                 progress=print))  # fmt: skip
+    try:
+        with stopped_like_ctrl_c():
+            result = asyncio.run(measure(args.breaks, args.break_s, args.keystrokes, args.gap_ms / 1000,
+                                         args.sleep_idle_s, progress=print))  # fmt: skip
+    except KeyboardInterrupt:
+        fail("breaks: stopped before its end; the proxy and the server it started are stopped, no report written")
     write_report(args.out, "breaks", result, render)
 
 

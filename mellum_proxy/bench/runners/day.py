@@ -30,7 +30,7 @@ import aiohttp
 
 from mellum_proxy.bench.reporting.day_report import Day, render
 from mellum_proxy.bench.reporting.writing import write_report
-from mellum_proxy.bench.runners.processes import process_state, wait_healthy
+from mellum_proxy.bench.runners.processes import process_state, stopped_like_ctrl_c, wait_healthy
 from mellum_proxy.bench.workloads.corpus import code_texts
 from mellum_proxy.console import INDEX, POSITIVE, command, fail, real
 from mellum_proxy.telemetry.stats import log_files, read_log
@@ -53,7 +53,11 @@ def add_commands(commands: Any) -> None:
 
 
 def _day(args: argparse.Namespace) -> None:
-    result = asyncio.run(measure(args.minutes, args.typists, args.seed, progress=print))
+    try:
+        with stopped_like_ctrl_c():
+            result = asyncio.run(measure(args.minutes, args.typists, args.seed, progress=print))
+    except KeyboardInterrupt:
+        fail("day: stopped before its end; the proxies and the server it started are stopped, no report written")
     write_report(args.out, "day", result, render)
     if result["answered_not_logged"] or result["stderr_tracebacks"]:
         fail("day: an answered request went unlogged, or a proxy wrote a traceback (see the report)")
