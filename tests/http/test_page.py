@@ -75,6 +75,7 @@ async def test_the_page_lists_each_completion_as_it_is_answered(make_proxy: Prox
         upstream = await page.until("document.querySelector('#upstreams tbody tr')?.textContent", 5)
         assert embedded_server.url in upstream and "serving" in upstream
         member = proxy.app[UPSTREAMS].members[0]
+        member.sleep.says = False  # the health watch no longer reads the real server's sleep over what is set here
         member.sleep.asleep, member.sleep.wakes, member.sleep.last_wake_s = True, 2, 1.6  # as a sleeping server's
         asleep = "document.querySelector('#upstreams tbody tr')?.textContent.includes('asleep')"
         await page.until(asleep, 10)  # the next state event says it
