@@ -20,6 +20,7 @@ from mellum_proxy.config import Settings
 from mellum_proxy.console import INDEX, POSITIVE, Parser, fail, real
 from mellum_proxy.settings_file import SettingsError, load_settings
 from mellum_proxy.settings_flags import add_settings_flags, settings_given
+from mellum_proxy.stopping import stopped_like_ctrl_c
 from mellum_proxy.text_checks import unknown_environment
 
 
@@ -160,10 +161,15 @@ _COMMANDS = {"serve": _serve, "stats": _stats, "probe": _probe, "baseline": _bas
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run one command; output into a pipe that closed early (`stats | head -1`) ends it quietly."""
+    """Run one command; output into a pipe that closed early (`stats | head -1`) ends it quietly, and so does
+    Ctrl-C, SIGTERM or SIGHUP: what the command started is stopped on the way out (`stopping`), exit 130."""
     try:
-        _run(argv)
+        with stopped_like_ctrl_c():
+            _run(argv)
         sys.stdout.flush()
+    except KeyboardInterrupt:
+        print("mellum-proxy: interrupted; what it started is stopped", file=sys.stderr)
+        sys.exit(130)
     except BrokenPipeError:
         # what is still buffered cannot be written: send it nowhere, so the interpreter's own flush at exit
         # does not raise again (the recipe of Python's `signal` documentation)

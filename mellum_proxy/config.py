@@ -13,9 +13,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -24,7 +23,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from mellum_proxy.text_checks import has_control
+from mellum_proxy.text_checks import has_blank_or_control, has_control, is_header_name, is_server_url
 from mellum_proxy.upstream.servers import kind_names
 from mellum_proxy.urls import redact_url, upstream_base_url
 
@@ -40,6 +39,9 @@ def login_name() -> str:
 def _true(value: Any) -> bool:
     """A boolean setting as any source gives it (the environment and the CLI give strings)."""
     return value is True or (isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"))
+
+
+NUMBERS = (int, float, int | None, float | None)
 
 
 def _listed(value: Any) -> Any:
@@ -229,12 +231,34 @@ class Settings(BaseSettings):
             data = {**EMBEDDED_DEFAULTS, **data}
         return data
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """`max_tokens = true` in TOML is a mistake, not 1 (pydantic's lax mode would take it as 1)."""
+        if isinstance(value, bool) and info.field_name and cls.model_fields[info.field_name].annotation in NUMBERS:
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
+
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, value: str) -> str:
         host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535 or has_blank_or_control(host):
             raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8011")
+        return value
+
+    @field_validator("routing_key_header")
+    @classmethod
+    def _check_header_name(cls, value: str) -> str:
+        if not is_header_name(value):
+            raise ValueError(f"expected an HTTP header name (letters, digits, -_.!#$%&'*+^`|~), got {value!r}")
+        return value
+
+    @field_validator("upstream_api_key", "auth_token")
+    @classmethod
+    def _check_secret(cls, value: str | None) -> str | None:
+        if value is not None and has_control(value):  # never echoed: it is a secret
+            raise ValueError("it is sent in a header: no line break or control character (a copied newline?)")
         return value
 
     @field_validator("upstream_kind")
@@ -283,7 +307,7 @@ class Settings(BaseSettings):
         for url in value:
             if not isinstance(url, str) or not url.strip().startswith(("http://", "https://")):
                 raise ValueError("expected an http:// or https:// URL")
-            if not urlsplit(url.strip()).hostname or has_control(url):
+            if not is_server_url(url.strip()):
                 raise ValueError("expected an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080")
         return tuple(upstream_base_url(url) for url in value)
 

@@ -59,4 +59,8 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
         return f"unknown setting '{name}'{where}"
     if not first["loc"]:  # a combination of settings
         return f"invalid settings: {str(first['msg']).removeprefix('Value error, ')}"
-    return f"invalid setting '{name}' = {first.get('input')!r}: {first['msg']}"
+    shown = "***" if name in SECRETS else repr(first.get("input"))
+    return f"invalid setting '{name}' = {shown}: {str(first['msg']).removeprefix('Value error, ')}"
+
+
+SECRETS = frozenset({"auth_token", "upstream_api_key", "upstream_header"})  # never echoed, even when wrong

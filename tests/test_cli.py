@@ -22,6 +22,10 @@ from mellum_proxy.cli import main
         ["serve", "--listen", "nowhere"],
         ["serve", "--config", "/nonexistent/c.toml"],
         [],
+        ["serve", "--routing-key-header", "X-Session\r\nX-Evil: 1"],
+        ["serve", "--upstream-api-key=sk-copied\n"],
+        ["serve", "--upstream", "http://127.0.0.1:99999"],
+        ["serve", "--upstream", "http://my host:8080"],
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -30,7 +34,15 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], capsys: pytest.Captur
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("mellum-proxy")
-    assert err.count("\n") == 1
+    assert err.count("\n") == 1 and "sk-copied" not in err
+
+
+def test_a_boolean_for_a_number_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("max_tokens = true\n")
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--config", str(config)])
+    assert info.value.code == 2 and capsys.readouterr().err.count("\n") == 1
 
 
 def test_serve_exits_0_on_sigterm(tmp_path: Path, unused_tcp_port: int) -> None:

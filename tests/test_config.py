@@ -92,6 +92,13 @@ def test_unknown_toml_key_names_it(tmp_path: Path) -> None:
         ({"upstream_header": ["X-Team=a\r\nInjected: yes"]}, "'upstream_header'.*line break"),
         ({"developer_id": "alice\r\nX-Evil: 1"}, "'developer_id'.*line break"),
         ({"max_tokens": "2048", "max_context_tokens": "2048"}, "max_tokens .2048. must be below max_context_tokens"),
+        ({"routing_key_header": "X-Session\r\nX-Evil: 1"}, "'routing_key_header'.*header name"),
+        ({"routing_key_header": "X:Session"}, "'routing_key_header'.*header name"),
+        ({"upstream_api_key": "sk-secret\n"}, r"'upstream_api_key' = \*\*\*: .*line break"),
+        ({"upstream": "http://127.0.0.1:99999"}, "'upstream'.*with a host"),
+        ({"upstream": "http://my host:8080"}, "'upstream'.*with a host"),
+        ({"listen": "my host:8011"}, "'listen'"),
+        ({"max_tokens": True}, "'max_tokens' = True: expected a number"),
     ],
 )
 def test_invalid_value_names_the_setting(values: dict[str, str], needle: str) -> None:

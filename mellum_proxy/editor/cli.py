@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -44,17 +45,26 @@ def add_commands(commands: Any) -> None:
 CONFIG_FIELDS = ("dispatch", "debounce_ms", "timeout_ms", "max_context_tokens", "max_tokens")
 
 
+STATUS_LIMIT_BYTES = 4 << 20  # a proxy's /status is tens of KB; an answer past this is no proxy's
+STATUS_CHUNK_BYTES = 1 << 16
+
+
 def running_settings(settings: Settings, timeout_s: float = 2.0) -> tuple[Settings, str] | None:
     """`settings` with what the proxy listening at their address runs with (its context as fitted to its
-    server), and the `/status` URL read; None when no proxy answers there."""
+    server), and the `/status` URL read; None when no proxy answers there, or when what answers sends more
+    than `STATUS_LIMIT_BYTES` or takes over `timeout_s` in all (said on stderr)."""
     url = f"http://{settings.listen}/status"
     request = urllib.request.Request(url)
     if settings.auth_token:
         request.add_header("Authorization", f"Bearer {settings.auth_token}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            status = json.loads(resp.read())
+        body = _read_bounded(request, timeout_s)
+        status = json.loads(body) if body is not None else None
     except (urllib.error.URLError, OSError, ValueError):
+        return None
+    if status is None:
+        print(f"editor-config: warning: what answers at {url} sent over {STATUS_LIMIT_BYTES >> 20} MB or took over "
+              f"{timeout_s:g} s; using the flags instead", file=sys.stderr)  # fmt: skip
         return None
     try:
         running = {name: status["settings"][name] for name in CONFIG_FIELDS}
@@ -69,6 +79,21 @@ def running_settings(settings: Settings, timeout_s: float = 2.0) -> tuple[Settin
               "using the flags instead", file=sys.stderr)  # fmt: skip
         return None
     return checked, url
+
+
+def _read_bounded(request: urllib.request.Request, timeout_s: float) -> bytes | None:
+    """The answer's body, or None once it passes `STATUS_LIMIT_BYTES` or the `timeout_s` deadline (the socket's
+    own timeout bounds each read only: a server trickling bytes would hold the command)."""
+    deadline = time.monotonic() + timeout_s
+    with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := resp.read1(STATUS_CHUNK_BYTES):
+            size += len(chunk)
+            if size > STATUS_LIMIT_BYTES or time.monotonic() > deadline:
+                return None
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def run_editor_config(args: argparse.Namespace) -> None:
@@ -100,20 +125,26 @@ def run_service(args: argparse.Namespace) -> None:
             _settings(config)  # refuse to install a service that would fail on its settings
         service.write(files)
         print(f"wrote {files.unit_path} ({files.platform}); logs go to {files.log_path}")
-        problems = [] if args.no_activate else service.run_commands(service.activation_commands(files, True))
-        for problem in problems:
-            print(f"note: {problem}")
+        _activate(files, args.no_activate, install=True)
     elif args.action == "uninstall":
-        problems = [] if args.no_activate else service.run_commands(service.activation_commands(files, False))
         if files.unit_path.exists():
+            _activate(files, args.no_activate, install=False)  # stopped before its unit goes
             files.unit_path.unlink()
             print(f"removed {files.unit_path}")
         else:
             print(f"no unit at {files.unit_path}")
-        for problem in problems:
-            print(f"note: {problem}")
     else:
         _status(files)
+
+
+def _activate(files: service.ServiceFiles, skip: bool, install: bool) -> None:
+    """Start (or stop) the service; a service manager that refuses ends the command with its reason, exit 1."""
+    absent, failed = ([], []) if skip else service.run_commands(service.activation_commands(files, install))
+    for note in absent:
+        print(f"note: {note}")
+    if failed:
+        print(f"mellum-proxy: service {'install' if install else 'uninstall'}: {'; '.join(failed)}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def _status(files: service.ServiceFiles) -> None:

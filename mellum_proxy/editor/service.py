@@ -91,17 +91,19 @@ def write(files: ServiceFiles) -> None:
         files.unit_path.write_text(systemd_unit(files))
 
 
-def run_commands(commands: list[list[str]]) -> list[str]:
-    """Run the service manager's commands; return what could not be done (to say so, not to fail)."""
-    problems = []
+def run_commands(commands: list[list[str]]) -> tuple[list[str], list[str]]:
+    """Run the service manager's commands: what could not be run (no such manager here: said, the unit stands)
+    and what the manager refused (the command fails)."""
+    absent, failed = [], []
     for command in commands:
         if shutil.which(command[0]) is None:
-            problems.append(f"{command[0]} not found; run it yourself: {shlex.join(command)}")
+            absent.append(f"{command[0]} not found; run it yourself: {shlex.join(command)}")
             continue
         result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
         if result.returncode != 0:
-            problems.append(f"{shlex.join(command)} failed: {(result.stderr or result.stdout).strip()[:200]}")
-    return problems
+            why = (result.stderr or result.stdout).strip().replace("\n", " ")[:200] or f"exit {result.returncode}"
+            failed.append(f"{shlex.join(command)} failed: {why}")
+    return absent, failed
 
 
 def is_running(files: ServiceFiles) -> bool | None:

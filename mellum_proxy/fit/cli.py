@@ -139,9 +139,11 @@ def run_fit(args: argparse.Namespace) -> None:
         fail(str(exc))
     floor = quality_floor(measured, args.quality_floor)
     choice, because = choose(measured, args.context, floor)
-    _write(args, spec, measured, choice, because, floor, interrupted, server=_server_name(args, infos))
-    if choice is not None and args.trace and not interrupted:
-        interrupted = _editor_side(args, choice, options)
+    partial = f"interrupted after {len(measured)} of {len(chosen)} candidates" if interrupted else None
+    _write(args, spec, measured, choice, because, floor, partial, server=_server_name(args, infos))
+    if choice is not None and args.trace and not interrupted and _editor_side(args, choice, options):
+        _mark_partial(args.out, "interrupted in the editor side (profile and tune); the server side is complete")
+        interrupted = True
     if interrupted:
         sys.exit(130)
     if choice is None:
@@ -190,6 +192,14 @@ def _editor_side(args: argparse.Namespace, choice: Choice, options: FitOptions) 
     return False
 
 
+def _mark_partial(out: Path, partial: str) -> None:
+    report = orjson.loads((out / "fit.json").read_bytes())
+    (out / "fit.json").write_bytes(orjson.dumps({**report, "interrupted": True, "partial": partial},
+                                                option=orjson.OPT_INDENT_2))  # fmt: skip
+    with (out / "fit.md").open("a") as text:
+        text.write(f"\n**Partial run: {partial}.**\n")
+
+
 def _server_name(args: argparse.Namespace, infos: list[ModelInfo]) -> str:
     files = ", ".join(info.path.name for info in infos)
     if args.embedded:
@@ -198,12 +208,14 @@ def _server_name(args: argparse.Namespace, infos: list[ModelInfo]) -> str:
 
 
 def _write(args: argparse.Namespace, spec: SweepSpec, measured: list[Measurement], choice: Choice | None,
-           because: str, floor: float | None, interrupted: bool, server: str) -> None:  # fmt: skip
+           because: str, floor: float | None, partial: str | None, server: str) -> None:  # fmt: skip
+    """Write the run's files; a `partial` run (interrupted) says so in each, and prints no "next" line."""
     from mellum_proxy.bench.reporting.writing import command_line  # the bench loads only when a command runs
 
     overhead = spec.overhead_gib if spec.overhead_gib is not None else BACKEND_OVERHEAD_GIB[spec.backend]
     meta = {"command": command_line("mellum-proxy", skip=1), "server": server, "gpu_gib": spec.gpu_gib,
-            "margin": spec.margin, "context": spec.business_context, "interrupted": interrupted,
+            "margin": spec.margin, "context": spec.business_context, "interrupted": partial is not None,
+            "partial": partial,
             "paper_note": f"Paper: `sweep` with the {spec.backend} overhead ({overhead:g} GiB)."}  # fmt: skip
     report = as_json(meta, measured, choice, because, floor)
     try:
@@ -215,15 +227,19 @@ def _write(args: argparse.Namespace, spec: SweepSpec, measured: list[Measurement
         for number, run in enumerate(measured, 1):  # each server's own words: what the report quotes
             (args.out / "logs" / f"candidate-{number}.log").write_text(run.log)
         if choice is not None:
-            (args.out / "defaults.env").write_text(choice.env())
+            warning = f"# PARTIAL: fit was {partial}; rerun it to measure the rest\n" if partial else ""
+            (args.out / "defaults.env").write_text(warning + choice.env())
             packaged = not args.model
-            (args.out / "config.toml").write_text(config_toml(choice, args.embedded, packaged))
+            (args.out / "config.toml").write_text(warning + config_toml(choice, args.embedded, packaged))
     except OSError as exc:
         fail(f"cannot write to {args.out}: {exc.strerror}")
     written = ["fit.json", "fit.md", *(["fit.png"] if drawn else []), "logs/",
                *(["defaults.env", "config.toml"] if choice else [])]  # fmt: skip
     print(f"wrote {', '.join(str(args.out / name) for name in written)}")
-    if choice is not None:
+    if choice is not None and partial:
+        print(choice.env().rstrip())
+        print(f"fit: a partial run ({partial}): the files say so; rerun it before serving with them")
+    elif choice is not None:
         print(choice.env().rstrip())
         start = "--embedded" if args.embedded else "--upstream URL"
         print(f"next: mellum-proxy serve --config {shlex.quote(str(args.out / 'config.toml'))} {start}")

@@ -80,7 +80,16 @@ def _num(value: float | None, digits: int = 2) -> str:
 
 def render(report: dict[str, Any], choice: Choice | None) -> str:
     source = {m["memory_source"] for m in report["candidates"]}
-    lines = [f"# fit: {report['server']}", "", f"`{report['command']}`", "",
+    partial = (
+        [
+            f"**Partial run: {report['partial']}.** The choice below is from what was measured before the "
+            "stop; rerun the command to measure the rest.",
+            "",
+        ]
+        if report.get("partial")
+        else []
+    )
+    lines = [f"# fit: {report['server']}", "", f"`{report['command']}`", "", *partial,
              f"Budget {report['gpu_gib']:g} GiB, headroom {report['margin']:.0%}, business context "
              f"{report['context']}; memory measured by "
              + ("NVML (the GPU's used memory, sampled every 0.1 s, less what was used before the server started)"

@@ -26,6 +26,7 @@ from mellum_proxy.config import Settings
 from mellum_proxy.http.app import build_app
 from mellum_proxy.http.connections import IDLE_TIMEOUT_S, ConnectionGuard, accept_batch
 from mellum_proxy.http.keys import CONNECTIONS, SECTIONS, UPSTREAMS
+from mellum_proxy.http.malformed import quiet_malformed_requests
 from mellum_proxy.upstream.local_servers import find_local_server
 
 ACCEPT_AFTER_STOP_S = 0.2  # requests sent just before the signal still arrive in this window
@@ -62,6 +63,7 @@ async def listen(runner: web.AppRunner, host: str, port: int, sock: socket.socke
     """Accept connections for `runner`'s app through a `ConnectionGuard` (its counts go to `/status`), on `sock`
     when it is bound already, else on `host:port`."""
     assert runner.server is not None, "runner.setup() first"
+    quiet_malformed_requests()
     guard = runner.app.get(CONNECTIONS) or ConnectionGuard()
     guard.factory = runner.server
     loop = asyncio.get_running_loop()

@@ -36,7 +36,9 @@ _LLAMA = [
     # every build prints "KV buffer size" once per cache; newer ones add a "size = ... cells" line for it
     (re.compile(r"KV buffer size =\s+([\d.]+) (MiB|GiB)"), "kv"),
     (re.compile(r"llama_kv_cache(?:_unified)?: size =\s+[\d.]+ \w+ \(\s*(\d+) cells,\s+(\d+) layers"), "kv_cells"),
-    (re.compile(r"(\S+) compute buffer size =\s+([\d.]+) (MiB|GiB)"), "compute"),
+    # `(?<!\S)`: a device name starts after a space or at the line start; without it a long line without spaces
+    # makes the search quadratic (each start position runs `\S+` to the end of the line)
+    (re.compile(r"(?<!\S)(\S+) compute buffer size =\s+([\d.]+) (MiB|GiB)"), "compute"),
     (re.compile(r"offloaded (\d+)/(\d+) layers to GPU"), "offload"),
     (re.compile(r"print_info: file type\s+=\s+(.+)$"), "file_type"),
     (re.compile(r"llama_context: n_ctx\s+=\s+(\d+)"), "n_ctx"),

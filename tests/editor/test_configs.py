@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
+import os
 import plistlib
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from aiohttp import web
 from mellum_proxy.cli import main
 from mellum_proxy.config import Settings
 from mellum_proxy.editor import service
+from mellum_proxy.editor.cli import running_settings
 from mellum_proxy.editor.configs import CONFIGS, render
 from mellum_proxy.http import PROBES
 
@@ -198,6 +202,26 @@ def test_service_install_and_uninstall_commands(tmp_path: Path, capsys: pytest.C
     assert not (units / "mellum-proxy.service").exists()
 
 
+@pytest.mark.skipif(sys.platform == "darwin", reason="systemd's commands; launchd's take the same path")
+def test_service_install_fails_when_the_service_manager_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`systemctl --user` refusing (no user bus: a container, an ssh session without lingering) is exit 1 with its
+    reason, not a note under a 0."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text("#!/bin/sh\necho 'Failed to connect to bus: No medium found' >&2\nexit 1\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    units, config = tmp_path / "units", tmp_path / "config.toml"
+    for action in ("install", "uninstall"):
+        with pytest.raises(SystemExit) as info:
+            main(["service", action, "--config", str(config), "--unit-dir", str(units)])
+        err = capsys.readouterr().err
+        assert info.value.code == 1 and f"service {action}: systemctl --user" in err and "No medium found" in err
+    assert (units / "mellum-proxy.service").exists()  # kept: the service may still run from it
+
+
 def test_service_refuses_a_broken_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "config.toml"
     config.write_text("debounce_ms = 'soon'\n")
@@ -257,3 +281,48 @@ async def test_editor_config_trusts_no_status_it_cannot_validate(
     assert "modelTimeout: 2000" in out and "nan" not in out.lower()  # the flags' defaults
     if isinstance(crafted, dict) and isinstance(crafted.get("settings"), dict):
         assert "do not hold" in err and "using the flags" in err
+
+
+async def test_editor_config_reads_no_more_of_a_status_than_a_proxy_sends(
+    aiohttp_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A /status of 256 MB (not a proxy's) is read only up to the limit: the config comes from the flags, with a
+    warning, and the command never holds the whole answer."""
+    sent = [0]
+
+    async def status(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.content_length = 256 << 20
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            await resp.write(b'{"settings": {"x": "')
+            for _ in range(256):
+                await resp.write(b"a" * (1 << 20))
+                sent[0] += 1 << 20
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/status", status)
+    server = await aiohttp_server(app)
+    await asyncio.to_thread(main, ["editor-config", "continue", "--listen", f"127.0.0.1:{server.port}"])
+    out, err = capsys.readouterr()
+    assert "modelTimeout: 2000" in out and "sent over 4 MB" in err and "using the flags" in err
+    assert sent[0] < 256 << 20  # the command hung up early
+
+
+async def test_editor_config_gives_up_on_a_status_that_trickles(aiohttp_server: Any) -> None:
+    async def status(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            while True:  # a byte at a time: each read is within the socket's timeout, the whole is not
+                await resp.write(b" ")
+                await asyncio.sleep(0.05)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/status", status)
+    server = await aiohttp_server(app)
+    settings = Settings(listen=f"127.0.0.1:{server.port}")
+    async with asyncio.timeout(10):  # the old reader waited for the end, which never comes
+        assert await asyncio.to_thread(running_settings, settings, 0.3) is None

@@ -153,6 +153,7 @@ async def test_a_completion_past_the_servers_context_per_request_is_fitted(embed
         (b'{"prompt": 3}', 400, "prompt"),
         (b'{"prompt": "x", "stream": "yes"}', 400, "stream"),
         (b'{"prompt": "x", "n": 2}', 400, "'n'"),
+        (b'{"prompt": "x\\ud800", "max_tokens": NaN}', 400, "not valid JSON"),  # the repair path refuses NaN too
     ],
 )
 async def test_bad_input_is_a_json_400(embedded_proxy: Any, body: bytes, status: int, needle: str) -> None:
@@ -161,6 +162,14 @@ async def test_bad_input_is_a_json_400(embedded_proxy: Any, body: bytes, status:
     error = (await resp.json())["error"]
     assert needle in error["message"]
     assert error["type"] == "invalid_request_error"
+
+
+async def test_a_prompt_cut_inside_an_emoji_is_served(embedded_proxy: Any) -> None:
+    """JavaScript's JSON.stringify writes a lone surrogate as `\\ud83d`; orjson refuses it, the proxy repairs it."""
+    body = b'{"prompt": "def smile():\\n    return \\"\\ud83d", "max_tokens": 4, "temperature": 0}'
+    resp = await embedded_proxy.post("/v1/completions", data=body)
+    assert resp.status == 200, await resp.text()
+    assert embedded_proxy.app[RECORDS].last().outcome == "ok"
 
 
 async def test_body_over_the_limit_is_413(make_proxy: ProxyFactory, embedded_server: EmbeddedServer) -> None:

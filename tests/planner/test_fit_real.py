@@ -78,6 +78,35 @@ def test_ctrl_c_stops_the_server_fit_started_and_keeps_what_was_measured(tmp_pat
     assert report["interrupted"] is True and report["chosen"] is None
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_stop_fit_as_ctrl_c_does_and_mark_the_run_partial(tmp_path: Path, signum: int) -> None:
+    """A `timeout`, a closed terminal or `kill`, after one candidate finished: no server left, the finished one
+    written, and every file says the run is partial (no "next" line to serve with it)."""
+    fit = subprocess.Popen(
+        [sys.executable, "-m", "mellum_proxy", "fit", "--embedded", "--gpu-gib", "2", "--context", "256",
+         "--contexts", "256,512", "--batches", "1", "--quality-tasks", "0", "--idle-s", "0", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert fit.stdout is not None
+    second = False
+    for line in fit.stdout:  # the second candidate's server is up: the first is measured
+        second = second or line.startswith("[2/")
+        if second and "loaded in" in line:
+            break
+    children = [int(p) for p in Path(f"/proc/{fit.pid}/task/{fit.pid}/children").read_text().split()]
+    fit.send_signal(signum)
+    rest = fit.communicate(timeout=60)[0]
+    assert fit.returncode == 130, rest
+    assert "Traceback" not in rest and "next:" not in rest and "partial run" in rest
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"server {pid} outlived fit"
+    report = orjson.loads((tmp_path / "fit.json").read_bytes())
+    assert report["interrupted"] is True and report["partial"] == "interrupted after 1 of 2 candidates"
+    assert report["chosen"] is not None and len(report["candidates"]) == 1
+    assert (tmp_path / "defaults.env").read_text().startswith("# PARTIAL: fit was interrupted after 1 of 2")
+    assert "**Partial run: interrupted after 1 of 2 candidates.**" in (tmp_path / "fit.md").read_text()
+
+
 def _zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import orjson
 import pytest
 
 from mellum_proxy.cli import main
+from mellum_proxy.fit.launch import why_it_failed
 from mellum_proxy.planner.logs import parse_log
 from mellum_proxy.upstream.embedded import packaged_model, start_log
 
@@ -122,3 +124,23 @@ def test_inspect_log_embedded_reads_the_embedded_servers_own_log(
     with pytest.raises(SystemExit) as exited:
         main(["inspect-log"])
     assert exited.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["x" * 1_000_000, "x " * 500_000, ("a" * 200 + "\n") * 5_000, "compute" * 150_000],
+    ids=["one 1 MB line without spaces", "1 MB of short words", "many lines", "a word repeated"],
+)
+def test_server_output_of_any_shape_is_read_in_linear_time(text: str) -> None:
+    """A 1 MB line without spaces took the old search over an hour (40 KB: 10 s); linear, it is a fraction of a
+    second. The bound is hundreds of times what a busy CPU needs, and far below what the quadratic search takes."""
+    done = threading.Event()
+
+    def read() -> None:
+        parse_log(text)
+        why_it_failed(text, 1)
+        done.set()
+
+    worker = threading.Thread(target=read, daemon=True)
+    worker.start()
+    assert done.wait(30), "reading the server's output did not end: a quadratic search"

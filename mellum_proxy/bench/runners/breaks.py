@@ -24,9 +24,10 @@ import orjson
 
 from mellum_proxy.bench.reporting.breaks_report import Breaks, render
 from mellum_proxy.bench.reporting.writing import write_report
-from mellum_proxy.bench.runners.processes import stopped_like_ctrl_c, wait_healthy
+from mellum_proxy.bench.runners.processes import wait_healthy
 from mellum_proxy.bench.workloads.corpus import code_texts
 from mellum_proxy.console import POSITIVE, command, fail, real
+from mellum_proxy.stopping import stopped_like_ctrl_c
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from mellum_proxy.urls import free_port
 

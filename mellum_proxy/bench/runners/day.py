@@ -30,9 +30,10 @@ import aiohttp
 
 from mellum_proxy.bench.reporting.day_report import Day, render
 from mellum_proxy.bench.reporting.writing import write_report
-from mellum_proxy.bench.runners.processes import process_state, stopped_like_ctrl_c, wait_healthy
+from mellum_proxy.bench.runners.processes import process_state, wait_healthy
 from mellum_proxy.bench.workloads.corpus import code_texts
 from mellum_proxy.console import INDEX, POSITIVE, command, fail, real
+from mellum_proxy.stopping import stopped_like_ctrl_c
 from mellum_proxy.telemetry.stats import log_files, read_log
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from mellum_proxy.urls import free_port

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -99,19 +98,3 @@ async def listening(argv: Sequence[str], port: int, timeout_s: float = 60.0) -> 
         if process.returncode is None:
             process.terminate()
         await process.wait()
-
-
-@contextlib.contextmanager
-def stopped_like_ctrl_c() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a `timeout`, a closed terminal, `kill`) stop the body as Ctrl-C does: `asyncio.run`
-    cancels its task, so the `finally` blocks stop the processes and servers a bench started."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

@@ -1,0 +1,33 @@
+"""How a long-running command stops: SIGTERM and SIGHUP (a `timeout`, a closed terminal, `kill`) as Ctrl-C does.
+
+Ctrl-C raises `KeyboardInterrupt`; `asyncio.run` then cancels its tasks, so the `finally` blocks and context managers
+that stop a command's servers, children and temp folders run. The other two signals end a process at once by
+default, leaving all of that behind; under `stopped_like_ctrl_c` they take Ctrl-C's path. `mellum-proxy` runs every
+command under it and ends an interrupted one in one line, exit 130.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def stopped_like_ctrl_c() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a `timeout`, a closed terminal, `kill`) stop the body as Ctrl-C does: `asyncio.run`
+    cancels its task, so the `finally` blocks stop the processes and servers a bench started."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
