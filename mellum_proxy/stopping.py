@@ -1,8 +1,9 @@
 """How a long-running command stops: SIGTERM and SIGHUP (a `timeout`, a closed terminal, `kill`) as Ctrl-C does.
 
-Ctrl-C raises `KeyboardInterrupt`; `asyncio.run` then cancels its tasks, so the `finally` blocks and context managers
-that stop a command's servers, children and temp folders run. The other two signals end a process at once by
-default, leaving all of that behind; under `stopped_like_ctrl_c` they take Ctrl-C's path. `mellum-proxy` runs every
+Ctrl-C inside `asyncio.run` cancels the main task (outside it, it raises `KeyboardInterrupt`), so the `finally` blocks
+and context managers that stop a command's servers, children and temp folders run. The other two signals end a
+process at once by default, leaving all of that behind; under `stopped_like_ctrl_c` they call whatever handles
+Ctrl-C at that moment. `mellum-proxy` runs every
 command under it and ends an interrupted one in one line, exit 130.
 """
 
@@ -12,6 +13,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from types import FrameType
 
 
 @contextlib.contextmanager
@@ -19,8 +21,12 @@ def stopped_like_ctrl_c() -> Iterator[None]:
     """SIGTERM and SIGHUP (a `timeout`, a closed terminal, `kill`) stop the body as Ctrl-C does: `asyncio.run`
     cancels its task, so the `finally` blocks stop the processes and servers a bench started."""
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        on_ctrl_c = signal.getsignal(signal.SIGINT)
+        if not callable(on_ctrl_c):  # ignored or the default: Ctrl-C's exception all the same
+            raise KeyboardInterrupt
+        on_ctrl_c(signal.SIGINT, frame)  # asyncio.run's own: it cancels the main task (a raise here would land
+        # in whatever callback the loop runs now)
 
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield

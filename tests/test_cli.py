@@ -62,6 +62,29 @@ def test_serve_exits_0_on_sigterm(tmp_path: Path, unused_tcp_port: int) -> None:
             proc.kill()
 
 
+def test_ctrl_c_during_start_up_stops_there(tmp_path: Path, unused_tcp_port: int) -> None:
+    """Ctrl-C while the proxy still asks its upstream what it is: it stops then, not after saying "ready"."""
+    import socket
+
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    with socket.socket() as silent:  # an upstream that accepts and never answers: start-up waits on it
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        command = [sys.executable, "-m", "mellum_proxy", "serve", "--listen", f"127.0.0.1:{unused_tcp_port}",
+                   "--upstream", f"http://127.0.0.1:{silent.getsockname()[1]}", "--log", "off"]  # fmt: skip
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+            try:
+                silent.settimeout(60)
+                connection, _ = silent.accept()  # the proxy is starting: it asks the upstream
+                proc.send_signal(signal.SIGINT)
+                out = proc.communicate(timeout=10)[0]
+                connection.close()
+            finally:
+                proc.kill()
+    assert proc.returncode == 0 and "stopped while starting" in out, out
+    assert "ready" not in out and "listening on" not in out and "Traceback" not in out
+
+
 @pytest.mark.parametrize("extra", [[], ["--embedded"]])
 def test_port_in_use_is_one_line_and_exit_2(tmp_path: Path, extra: list[str]) -> None:
     """Said at once, naming --listen: the port is bound before the embedded model loads (it took 21 s)."""

@@ -49,7 +49,13 @@ async def embedded_upstream(app: web.Application) -> AsyncIterator[None]:
         kv_type=section.kv_type,
         sleep_idle_s=section.sleep_idle_s,
     )
-    url = await asyncio.to_thread(server.start)  # the model load blocks for a second or two
+    loading = asyncio.ensure_future(asyncio.to_thread(server.start))  # the model load blocks for a second or two
+    try:
+        url = await asyncio.shield(loading)
+    except asyncio.CancelledError:  # stopped while it loads: a load cannot be cut short, so wait for it, then stop
+        await asyncio.gather(loading, return_exceptions=True)
+        await asyncio.to_thread(server.stop)
+        raise
     log.debug("embedded llama.cpp server at %s (model %s)", url, section.model or "gemma-3-270m")
     app[EMBEDDED] = server
     yield

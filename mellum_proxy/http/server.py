@@ -96,9 +96,28 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+async def _started(runner: web.AppRunner, stop: asyncio.Event) -> bool:
+    """Set up `runner` (the model loads, the upstream is found, its prompt warmed); False when `stop` came first:
+    Ctrl-C during start-up stops it there, with no "ready" said and no port opened."""
+    setup = asyncio.ensure_future(runner.setup())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({setup, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not setup.done():
+        setup.cancel()
+        await asyncio.gather(setup, return_exceptions=True)
+        return False
+    setup.result()  # its error, if any (a model that will not load)
+    return True
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set or a termination signal arrives."""
     sock = bind(settings.listen_host, settings.listen_port)  # a taken port is said before a model loads
+    if not settings.loopback_only:  # said as soon as the port is bound
+        reach = "with --auth-token required" if settings.auth_token else "WITHOUT a token (set --auth-token)"
+        print(f"mellum-proxy: WARNING: listening on {settings.listen_host}, beyond this machine, "
+              f"{reach}; completions carry source code", file=sys.stderr, flush=True)  # fmt: skip
     if "upstream" not in settings.model_fields_set and not settings.embedded:
         found, said = await find_local_server()
         print(f"mellum-proxy: {said}", flush=True)
@@ -106,20 +125,18 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             settings = settings.model_copy(update={"upstream": (found,)})
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(signum, stop.set)
     app = build_app(settings)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=LEFTOVER_S, access_log=None,
                            keepalive_timeout=idle_timeout_s(app))  # fmt: skip
     try:
-        await runner.setup()
+        if not await _started(runner, stop):
+            print("mellum-proxy: stopped while starting", flush=True)
+            return
         listener = await listen(runner, settings.listen_host, settings.listen_port, sock)
         upstream = " then ".join(member.client.shown_url for member in app[UPSTREAMS].members)
         print(f"mellum-proxy listening on http://{settings.listen} -> upstream {upstream}", flush=True)
-        if not settings.loopback_only:
-            reach = "with --auth-token required" if settings.auth_token else "WITHOUT a token (set --auth-token)"
-            print(f"mellum-proxy: WARNING: listening on {settings.listen_host}, beyond this machine, "
-                  f"{reach}; completions carry source code", file=sys.stderr, flush=True)  # fmt: skip
         await stop.wait()
         print("mellum-proxy: shutting down", flush=True)
         await asyncio.sleep(ACCEPT_AFTER_STOP_S)
@@ -127,5 +144,5 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     finally:
         await runner.cleanup()
         sock.close()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(signum)

@@ -3,6 +3,10 @@ its own, their CPU counted), and the report has every round."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -122,3 +126,29 @@ def test_a_relay_process_that_does_not_start_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert stopped.value.code == 2 and len(err) == 1
     assert "did not start" in err[0] and "exited with 1" in err[0]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_stop_the_bench_and_everything_it_started(tmp_path: Path, signum: int) -> None:
+    """A `timeout` or a closed terminal mid-run: its relays, page reader and nginx (where installed) stopped, their
+    temp folders gone, one line and exit 130, no traceback."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "mellum_proxy", "bench", "overhead", "--rounds", "50", "--out", str(tmp_path)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as bench:
+        assert bench.stdout is not None
+        for line in bench.stdout:  # a round done: every relay is up
+            if line.startswith("round 1"):
+                break
+        started = _descendants(bench.pid)
+        assert started, "the bench started no process"
+        bench.send_signal(signum)
+        rest = bench.communicate(timeout=60)[0]
+    assert bench.returncode == 130 and "Traceback" not in rest and "interrupted" in rest, rest
+    assert [pid for pid in started if Path(f"/proc/{pid}").exists()] == []
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith("mellum-")] == []
+
+
+def _descendants(pid: int) -> list[int]:
+    children = [int(p) for task in Path(f"/proc/{pid}/task").iterdir()
+                for p in (task / "children").read_text().split()]  # fmt: skip
+    return children + [grandchild for child in children for grandchild in _descendants(child)]

@@ -73,5 +73,6 @@ async def nginx_relay(upstream: str) -> AsyncIterator[str]:
                     await asyncio.sleep(0.05)
             yield url
         finally:
-            process.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
             await process.wait()

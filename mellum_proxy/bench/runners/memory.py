@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -98,7 +99,8 @@ async def one_run(
                 samples.append({"requests": sent, "rss_mib": rss_mib(process.pid)})
                 progress(f"{tokenizer}: {sent} requests {samples[-1]['rss_mib']:.1f} MiB")
     finally:
-        process.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            process.terminate()
         await process.wait()
     after = [s["rss_mib"] for s in samples[1:]]
     return {"tokenizer": Path(tokenizer).name, "samples": samples, "idle_mib": samples[0]["rss_mib"],

@@ -228,7 +228,8 @@ async def _page_open(app: web.Application, url: str) -> AsyncIterator[None]:
         yield
         assert app[PAGES]["open"] == 1, "the page's reader left during the run"
     finally:
-        reader.kill()
+        with contextlib.suppress(ProcessLookupError):  # it may have gone first (its connection closed)
+            reader.kill()
         await reader.wait()
 
 
