@@ -165,6 +165,7 @@ async def _measure_all(chosen: list[Candidate], spec: SweepSpec, options: FitOpt
 
 def _editor_side(args: argparse.Namespace, choice: Choice, options: FitOptions) -> bool:
     """Profile the chosen server, tune the policies on it, merge the choice; True when interrupted."""
+    from mellum_proxy.bench.reporting.tune_report import verdict
     from mellum_proxy.fit.editor_side import merged_toml, profile_chosen, tune_on
 
     print(f"editor side: profiling the chosen server ({choice.chosen.candidate.name})", flush=True)
@@ -189,6 +190,8 @@ def _editor_side(args: argparse.Namespace, choice: Choice, options: FitOptions) 
                      f"profile (`profile.json`) chose **{result['chosen']}** `{settings}` (`tune.json`), "
                      "merged into `config.toml`.\n")  # fmt: skip
     print(f"editor side: tune chose {result['chosen']}; merged into {config}")
+    for line in verdict(result):
+        print(f"  {line}")
     return False
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from mellum_proxy.bench.doubles.sim import PROFILES
 from mellum_proxy.bench.reporting.lab_report import plot
+from mellum_proxy.bench.reporting.tune_report import verdict
 from mellum_proxy.bench.runners.policy import Policy
 from mellum_proxy.bench.runners.tune import config_toml, read_typing, tune
 from mellum_proxy.cli import main
@@ -46,6 +47,34 @@ def test_the_choice_meets_the_targets_or_is_the_defaults(tmp_path: Path) -> None
 def test_only_what_differs_from_the_defaults_is_written() -> None:
     text = config_toml({"dispatch": "fixed", "debounce_ms": 300, "reuse": True})
     assert 'dispatch = "fixed"' in text and "debounce_ms = 300" in text and "reuse" not in text
+
+
+def test_stdout_says_what_the_report_concludes() -> None:
+    """`tune` printed only `chosen: defaults`; tune.md alone said that no candidate met every target."""
+    base: dict[str, Any] = {"profile": "p", "source": "s", "waived": [], "runs": [], "frontier": {}}
+    none_met = verdict(
+        {
+            **base,
+            "chosen": "defaults",
+            "settings": {},
+            "targets": {"defaults": {"coverage": True, "p95": False}, "x": {"coverage": False, "p95": True}},
+        }
+    )
+    assert none_met == [
+        "0 of 2 candidates met every target.",
+        "The chosen defaults misses: p95 (tune.md has the figures).",
+        "No setting differs from the defaults: the defaults stand (config.toml changes nothing).",
+    ]
+    one_met = verdict(
+        {
+            **base,
+            "chosen": "x",
+            "settings": {"reuse": False},
+            "targets": {"defaults": {"p95": False}, "x": {"p95": True}},
+        }
+    )
+    assert one_met == ["1 of 2 candidates met every target."]
+    assert config_toml({}).rstrip().endswith("# none does: the defaults stand")
 
 
 def test_a_recording_is_read_as_typing(tmp_path: Path) -> None:

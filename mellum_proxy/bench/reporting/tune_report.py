@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 import orjson
@@ -39,9 +40,21 @@ def render(result: Tuned, command: str) -> str:
     for trace, accuracy in result.get("waived", []):
         lines += [f"Requests not held on {trace} at accuracy {accuracy:g}: no policy is expected to meet it there "
                   "(the typing's no-foresight floor is over 1.5x the oracle's requests, see `bench lab`)."]  # fmt: skip
-    qualified = [name for name, targets in result["targets"].items() if all(targets.values())]
-    lines += [f"{len(qualified)} of {len(result['targets'])} candidates met them all."]
+    lines += [verdict(result)[0]]
     return "\n".join(lines) + "\n"
+
+
+def verdict(result: Mapping[str, Any]) -> list[str]:
+    """What the report concludes, in the words stdout says it: how many candidates met every target, which of them
+    the chosen one misses, and whether its config changes anything."""
+    qualified = [name for name, targets in result["targets"].items() if all(targets.values())]
+    missed = [key for key, ok in result["targets"].get(result["chosen"], {}).items() if not ok]
+    lines = [f"{len(qualified)} of {len(result['targets'])} candidates met every target."]
+    if missed:
+        lines.append(f"The chosen {result['chosen']} misses: {', '.join(missed)} (tune.md has the figures).")
+    if not result["settings"] or result["chosen"] == "defaults":
+        lines.append("No setting differs from the defaults: the defaults stand (config.toml changes nothing).")
+    return lines
 
 
 def _ms(value: float | None) -> str:

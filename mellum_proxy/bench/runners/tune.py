@@ -28,7 +28,7 @@ from mellum_proxy.bench.doubles.sim import profile
 from mellum_proxy.bench.reporting import lab_report
 from mellum_proxy.bench.reporting.lab_report import meets_targets, requests_floor
 from mellum_proxy.bench.reporting.results import LabResult
-from mellum_proxy.bench.reporting.tune_report import Tuned, render
+from mellum_proxy.bench.reporting.tune_report import Tuned, render, verdict
 from mellum_proxy.bench.runners.lab import FIXED, GRID_AXES, MAX_GAP_MS, ORACLE, grid, run_lab
 from mellum_proxy.bench.runners.playback import gaps_after
 from mellum_proxy.bench.runners.policy import Policy
@@ -107,6 +107,8 @@ def config_toml(settings: dict[str, Any]) -> str:
         if defaults[key].default == value:
             continue
         lines.append(f"{key} = {orjson.dumps(value).decode()}")
+    if len(lines) == 2:
+        lines.append("# none does: the defaults stand")
     return "\n".join(lines) + "\n"
 
 
@@ -166,8 +168,11 @@ def _tune(args: argparse.Namespace) -> None:
     (args.out / "tune.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     (args.out / "tune.md").write_text(render(result, _command()))
     lab_report.plot(result["frontier"], args.out / "frontier.png", highlight=result["chosen"])
-    print(f"chosen: {result['chosen']}; wrote {args.out / 'config.toml'} (serve --config {args.out / 'config.toml'}),"
-          f" {args.out / 'tune.md'}, {args.out / 'frontier.png'}")  # fmt: skip
+    print(f"chosen: {result['chosen']}")
+    for line in verdict(result):
+        print(line)
+    print(f"wrote {args.out / 'config.toml'} (serve --config {args.out / 'config.toml'}), {args.out / 'tune.md'}, "
+          f"{args.out / 'frontier.png'}")  # fmt: skip
 
 
 def _command() -> str:
