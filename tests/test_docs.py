@@ -96,3 +96,16 @@ def test_every_command_is_on_the_commands_page() -> None:
     missing += [f"mellum-proxy bench {name}" for name in _subcommands(bench_parser())
                 if f"bench {name}" not in page and f"mellum-proxy {name}" not in page]  # fmt: skip
     assert missing == []
+
+
+def test_the_counts_the_docs_give_are_the_codes() -> None:
+    """`tune` runs `candidates()` plus direct and the oracle: the pages that quote its output say those numbers."""
+    from mellum_proxy.bench.runners.tune import candidates
+
+    count = len(candidates())
+    for page in ("tuning.md", "getting-started.md"):
+        text = (ROOT / "docs" / page).read_text()
+        said = {int(n) for n in re.findall(r"accuracy 0(?:\.3)?: (\d+) policies", text)}
+        assert said == {count + 2}, (page, said, count)
+        for number in re.findall(r"(\d+) candidate policies|of (?:the )?(\d+) candidates", text):
+            assert int(next(n for n in number if n)) == count, (page, number)

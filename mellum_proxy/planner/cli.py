@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 
 from mellum_proxy.console import POSITIVE, fail, real
-from mellum_proxy.planner.defaults import choose
+from mellum_proxy.planner.defaults import CANDIDATE_QUANTS, choose
 from mellum_proxy.planner.doctor import diagnose, read_probe
 from mellum_proxy.planner.inspect import InspectError, ModelInfo, bundled_shape, inspect_path, render, report
 from mellum_proxy.planner.kvcache import KV_BYTES, kv_bytes
@@ -19,6 +19,7 @@ from mellum_proxy.planner.logs import compare, parse_log
 from mellum_proxy.planner.shapes import ASSUMED_ARCH
 from mellum_proxy.planner.sweep import BACKEND_OVERHEAD_GIB, SweepSpec, as_rows, best, sweep
 from mellum_proxy.planner.sweep import render as render_sweep
+from mellum_proxy.planner.weights import QUANT_ALIASES, bits_for
 from mellum_proxy.telemetry.stats import log_to_read, read_log
 
 BACKENDS = sorted(BACKEND_OVERHEAD_GIB)
@@ -52,7 +53,8 @@ def _spec_options(parser: argparse.ArgumentParser) -> None:
         "--target-util", type=real(0, 1, above=True), default=0.85, help="utilization ceiling [default: 0.85]"
     )
     parser.add_argument("--kv-dtype", choices=sorted(KV_BYTES), default="f16", help="KV cache type [default: f16]")
-    parser.add_argument("--backend", choices=BACKENDS, default="vllm", help="serving engine [default: vllm]")
+    parser.add_argument("--backend", choices=BACKENDS,
+                        help="serving engine [default: llama.cpp for a .gguf, else vllm]")  # fmt: skip
     parser.add_argument(
         "--overhead-gib", type=real(0), help="runtime overhead beyond weights and KV [default: per backend]"
     )
@@ -119,9 +121,30 @@ def _spec(args: argparse.Namespace, quants: tuple[str, ...], contexts: tuple[int
     if not 0 <= args.margin < 1 or not 0 < args.target_util <= 1:
         fail("--margin must be in [0, 1) and --target-util in (0, 1]")
     return SweepSpec(gpu_gib=args.gpu_gib, quants=quants, contexts=contexts, batches=batches, margin=args.margin,
-                     target_util=args.target_util, kv_dtype=args.kv_dtype, backend=args.backend,
+                     target_util=args.target_util, kv_dtype=args.kv_dtype, backend=_backend(args),
                      overhead_gib=args.overhead_gib, business_context=business, params_total=params,
                      bpw=tuple(args.bpw))  # fmt: skip
+
+
+def _backend(args: argparse.Namespace) -> str:
+    """`--backend`, else llama.cpp for a GGUF (what serves one) and vLLM for the rest."""
+    if args.backend:
+        return str(args.backend)
+    model = getattr(args, "model", None)
+    return "llama.cpp" if model is not None and model.suffix.lower() == ".gguf" else "vllm"
+
+
+def _within_file(quants: tuple[str, ...], info: ModelInfo) -> tuple[tuple[str, ...], list[str]]:
+    """The quantizations `info`'s files can be served at (none finer than their own: a file gains no precision
+    by being served), and the note that says which were left out."""
+    try:
+        own = bits_for(info.precision)
+    except ValueError:  # a precision the table does not know: nothing to compare with
+        return quants, []
+    kept = tuple(q for q in quants if bits_for(QUANT_ALIASES.get(q.lower(), q)) <= own + 1e-9)
+    dropped = [q for q in quants if q not in kept]
+    note = [f"{', '.join(dropped)} left out: finer than the file's own {info.precision}"] if dropped else []
+    return kept or (info.precision,), note
 
 
 def run_inspect(args: argparse.Namespace) -> None:
@@ -149,7 +172,12 @@ def run_sweep(args: argparse.Namespace) -> None:
         notes.append(f"MoE: all experts stay resident (weights follow total parameters); {active:.2f} B active "
                      "per token set the speed, not the memory")  # fmt: skip
     quants = tuple(q.strip() for q in args.quants.split(",") if q.strip())
-    spec = _spec(args, quants, args.contexts, args.batches, args.context, params)
+    if args.model is not None:
+        quants, left_out = _within_file(quants, info)
+        notes += left_out
+    # the business context is always a column: the pick and its explanation are cells at it
+    contexts = tuple(sorted({*args.contexts, args.context})) if args.context else args.contexts
+    spec = _spec(args, quants, contexts, args.batches, args.context, params)
     try:
         cells = sweep(shape, spec, measured)
     except ValueError as exc:
@@ -241,7 +269,9 @@ def run_defaults(args: argparse.Namespace) -> None:
     measured = (info.precision, info.weights_bytes) if info.weights_bytes else None
     spec = _spec(args, ("q4",), (args.context,), (1,), args.context, None)
     overrides = {k: getattr(spec, k) for k in ("margin", "target_util", "kv_dtype", "backend", "overhead_gib", "bpw")}
-    chosen, why = choose(info.shape, args.gpu_gib, args.context, args.stress_context, args.batch, overrides, measured)
+    quants, _ = _within_file(CANDIDATE_QUANTS, info)
+    chosen, why = choose(info.shape, args.gpu_gib, args.context, args.stress_context, args.batch, overrides, measured,
+                         quants)  # fmt: skip
     if chosen is None:
         fail(why)
     if args.out is not None:

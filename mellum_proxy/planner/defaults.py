@@ -55,11 +55,12 @@ def choose(
     batch: int | None,
     spec_overrides: dict[str, Any],
     measured: tuple[str, int] | None,
+    quants: tuple[str, ...] = CANDIDATE_QUANTS,
 ) -> tuple[Defaults | None, str]:
     batches = (batch,) if batch else CANDIDATE_BATCHES
     spec = SweepSpec(
         gpu_gib=gpu_gib,
-        quants=CANDIDATE_QUANTS,
+        quants=quants,
         contexts=(context,),
         batches=batches,
         business_context=context,

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from mellum_proxy.http import RECORDS
 from mellum_proxy.planner.doctor import diagnose
+from mellum_proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
 
 
@@ -38,3 +43,26 @@ def test_first_completions_after_breaks_that_time_out_point_at_the_servers_sleep
     assert "--sleep-idle-seconds" in verdict["knob"] and "5 of the 5" in verdict["evidence"][-1]
     slow = [{"outcome": "timeout", "reached_upstream": True, "ttft_ms": None}] * 5  # no wake: another verdict
     assert "wakes" not in diagnose(typing + slow)["verdict"]
+
+
+async def test_the_pages_explain_and_doctor_give_one_verdict(
+    make_proxy: ProxyFactory, unused_tcp_port: int, tmp_path: Path
+) -> None:
+    """A dead upstream: the live page's Explain names what `doctor` names over the same requests' log."""
+    log = tmp_path / "requests.jsonl"
+    proxy = await make_proxy(upstream=f"http://127.0.0.1:{unused_tcp_port}", tokenizer="chars", reuse=False, log=log)
+    for i in range(6):
+        assert (await proxy.post("/v1/completions", json={"prompt": f"def f{i}("})).status == 502
+    stream = await proxy.get("/ui/events")
+    explained = None
+    async with asyncio.timeout(10):
+        while explained is None:
+            line = await stream.content.readline()
+            if line.startswith(b"data: {") and b'"explain"' in line:
+                explained = orjson.loads(line[6:])["explain"]
+    stream.close()
+    await proxy.close()  # the log is written through
+    records, _ = read_log(log)
+    said = diagnose(records)
+    assert (explained["verdict"], explained["knob"]) == (said["verdict"], said["knob"])
+    assert said["verdict"] == "the server was never reached"

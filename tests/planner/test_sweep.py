@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
+from mellum_proxy.cli import main
 from mellum_proxy.planner.defaults import choose
 from mellum_proxy.planner.doctor import diagnose
 from mellum_proxy.planner.inspect import bundled_shape
 from mellum_proxy.planner.shapes import ASSUMED_ARCH
 from mellum_proxy.planner.sweep import GIB, SweepSpec, best, label, sweep
+from mellum_proxy.upstream.embedded import packaged_model
 
 
 @pytest.mark.parametrize(
@@ -108,3 +111,25 @@ def test_doctor_names_no_knob_from_one_failure() -> None:
     result = diagnose(few)
     assert result["knob"] is None and result["verdict"] == "too few failures to tell (1 of 9)"
     assert any("prompts over" in line and "failed; the others" in line for line in result["evidence"])  # plain words
+
+
+def test_the_pick_is_explained_with_a_cell_at_the_business_context(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--context 4096` with `--contexts 32768`: the explanation named a 15.03 GiB cell "there" that was the 32768
+    cell; the business context is now a column of its own."""
+    main(["sweep", "--total-b", "4", "--arch", "mellum-4b", "--gpu-gib", "12", "--context", "4096",
+          "--contexts", "8192,32768", "--quants", "bf16,q4", "--json"])  # fmt: skip
+    body = orjson.loads(capsys.readouterr().out)
+    assert 4096 in {cell["context"] for cell in body["cells"]}
+    assert body["best"] is not None and body["best"]["context"] == 4096
+
+
+def test_a_gguf_is_planned_as_llama_cpp_at_no_precision_above_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    model = str(packaged_model())  # Q4_K_M
+    main(["sweep", "--model", model, "--gpu-gib", "8", "--context", "4096", "--json"])
+    body = orjson.loads(capsys.readouterr().out)
+    assert {cell["quant"] for cell in body["cells"]} == {"q4"}
+    assert any("q5, q8 left out: finer than the file's own Q4_K_M" in note for note in body["notes"])
+    main(["sweep", "--model", model, "--gpu-gib", "8", "--context", "4096"])
+    assert "backend llama.cpp" in capsys.readouterr().out
+    main(["defaults", "--model", model, "--gpu-gib", "8", "--context", "4096"])
+    assert capsys.readouterr().out.startswith("MODEL_QUANT=q4\n")
