@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit_cli.add_commands(commands)
     editor_cli.add_commands(commands)
     # The bench (plots, traces, HumanEval) loads only when asked for: `main` hands it the rest.
+    commands.add_parser("packaged-model", help="print the packaged gemma-3-270m GGUF's path (for --model, inspect)")
     commands.add_parser("tune", help="the policy settings for your typing on your server (see tune --help)")
     bench = commands.add_parser("bench", help="replay keystroke traces, stress runs, quality set (see bench --help)")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -141,6 +142,15 @@ def _baseline(args: argparse.Namespace) -> None:
     print(f"saved {args.out}")
 
 
+def _packaged_model(args: argparse.Namespace) -> None:
+    from mellum_proxy.upstream.embedded import packaged_model
+
+    try:
+        print(packaged_model())
+    except (RuntimeError, OSError) as exc:
+        fail(str(exc))
+
+
 class _Tee:
     """Write to several text streams at once (probe's terminal output and its --out file)."""
 
@@ -157,7 +167,8 @@ class _Tee:
             stream.flush()
 
 
-_COMMANDS = {"serve": _serve, "stats": _stats, "probe": _probe, "baseline": _baseline}
+_COMMANDS = {"serve": _serve, "stats": _stats, "probe": _probe, "baseline": _baseline,
+             "packaged-model": _packaged_model}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:

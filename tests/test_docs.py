@@ -109,3 +109,17 @@ def test_the_counts_the_docs_give_are_the_codes() -> None:
         assert said == {count + 2}, (page, said, count)
         for number in re.findall(r"(\d+) candidate policies|of (?:the )?(\d+) candidates", text):
             assert int(next(n for n in number if n)) == count, (page, number)
+
+
+def test_a_user_commands_example_writes_into_the_readers_folder() -> None:
+    """Run as written, an example must not overwrite the project's committed runs (`fit ... --out docs/...`
+    did); the benches' own commands reproduce a committed figure, and say so on their measurement pages."""
+    user_pages = [page for page in DOCS.rglob("*.md") if "measurements" not in page.parts]
+    example = re.compile(r"^(?:\$ )?(?:\.venv/bin/)?mellum-proxy (?!bench\b)\S+.*(?:--out|--config) docs/", re.M)
+    assert [(page.name, m[0]) for page in user_pages for m in example.finditer(page.read_text())] == []
+
+
+def test_the_fit_runs_deadline_in_the_prose_is_the_files() -> None:
+    written = re.search(r"timeout_ms = (\d+)", (DOCS / "measurements/runs/fit/config.toml").read_text())
+    said = re.findall(r"`timeout_ms = (\d+)`", (DOCS / "vram-planning.md").read_text())
+    assert written is not None and said == [written[1]]

@@ -1,10 +1,10 @@
 """Where the usual local model servers listen, and which of them answers: the upstream when none is named.
 
-The ports are each server's own default: vLLM 8000 (`vllm serve`), llama.cpp's `llama-server` 8080 and 9931
-(its default since its PR #26508, 2026-08), Ollama 11434, LM Studio 1234. The first that answers as a model
-server, in that order, is used: its `/health` (or `/v1/models`) answers, and `/v1/models` lists a model (any web
-server on port 8000 answers `/health`; taken, it made every completion a 404). The proxy says which it took, with
-the kind its probes found, and which it passed over and why, or that none did.
+The ports are each server's own default: vLLM 8000 (`vllm serve`), llama.cpp's `llama-server` 8080 and 9931 (the
+port its server README names; its builds of 2026-08 and 2026-09 still used 8080), Ollama 11434, LM Studio 1234. The
+first that answers as a model server, in that order, is used: its `/health` (or `/v1/models`) answers, and
+`/v1/models` lists a model (any web server on port 8000 answers `/health`; taken, it made every completion a 404).
+The proxy says which it took, with the kind its probes found, and which it passed over and why, or that none did.
 """
 
 from __future__ import annotations
