@@ -27,7 +27,7 @@ from mellum_proxy import __version__
 from mellum_proxy.errors import NotFoundError, ServiceUnavailableError
 from mellum_proxy.http.connections import STALLED_S  # a page that reads nothing this long is let go
 from mellum_proxy.http.guard import check_host
-from mellum_proxy.http.keys import RECORDS, SECTIONS, SETTINGS, STARTED, TELEMETRY
+from mellum_proxy.http.keys import POLICIES, RECORDS, SECTIONS, SERVICE, SETTINGS, STARTED, TELEMETRY, UPSTREAMS
 from mellum_proxy.http.routes import status_body
 from mellum_proxy.planner.doctor import diagnose
 from mellum_proxy.telemetry import RecentRecords
@@ -126,7 +126,8 @@ async def _relay(app: web.Application, stream: web.StreamResponse) -> None:
     records, closing = app[RECORDS], app[PAGES]
     hello = {"version": __version__, "log_content": app[SETTINGS].log_content, "kept": len(records)}
     await stream.write(_event("hello", hello))
-    added = judged = 0  # from the first kept
+    telemetry = app[TELEMETRY]
+    added = judged = chats = 0  # from the first kept
     next_state = explained_at = 0.0
     explained_added = -1
     while not closing["closing"]:
@@ -135,9 +136,12 @@ async def _relay(app: web.Application, stream: web.StreamResponse) -> None:
             out.append(_event("requests", new))  # orjson writes the records as they are: no copy
         if settled := records.judged_since(judged):
             out.append(_event("accepted", settled))
-        added, judged = records.added, records.judged_count
+        if bulk := telemetry.bulk_since(chats):
+            out.append(_event("chats", bulk))  # chats and agents: their own lane, table and chart
+        added, judged, chats = records.added, records.judged_count, telemetry.bulk_added
         now = time.monotonic()
         if now >= next_state:
+            await other_traffic(app)
             state = _state(app)
             if now - explained_at >= EXPLAIN_EVERY_S and explained_added != added:
                 explained = diagnose([{key: getattr(r, key) for key in DOCTOR_READS} for r in records])
@@ -162,6 +166,19 @@ async def _until_change(
             lambda: bool(closing["closing"]) or records.added != added or records.judged_count != judged,
             max(0.0, timeout_s),
         )
+
+
+async def other_traffic(app: web.Application) -> None:
+    """While completions end at the deadline (the warning is current), ask the serving upstream how many requests
+    it holds: more than the proxy has running there (its completions not dropped, its chats) is other programs'
+    work, or dropped ones the server still finishes, and the warning says so."""
+    watch = app[TELEMETRY].deadline_watch
+    if watch is None or watch.current() is None or UPSTREAMS not in app or SERVICE not in app:
+        return
+    held = await app[UPSTREAMS].client.held()
+    flights, admission = app[SERVICE].flights, app[POLICIES].admission
+    running = flights.sent_upstream - flights.letting_go + admission.bulk_running
+    watch.others = max(0, held - running) if held is not None else 0
 
 
 def _state(app: web.Application) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from mellum_proxy.upstream.passthrough import relay
 GET_SILENCE_S = 5.0  # the most a forwarded GET (`/v1/models`) waits for the upstream's answer
 BULK_DIALECT = "openai-chat"  # what a bulk record names as its `dialect`
 STALLED = web.RequestKey("stalled", bool)  # its client was let go for reading nothing
+WHOLE = web.RequestKey("whole", int)  # the answer's last event, `[DONE]`, was passed on (the answer's status)
+DONE_MARK = b"data: [DONE]"
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -58,7 +60,9 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         record.ended(Outcome.UPSTREAM_ERROR, error.upstream_status, error.kind)
         raise
     except (asyncio.CancelledError, ConnectionResetError):
-        record.ended(Outcome.CLIENT_GONE)
+        # a client that hangs up once it has read `[DONE]` got the whole answer: that is no client gone
+        whole = request.get(WHOLE)
+        record.ended(Outcome.OK if whole else Outcome.CLIENT_GONE, whole)
         raise
     finally:
         lease.release()
@@ -92,11 +96,15 @@ async def forward(
         request[STARTED] = True
         await stream.prepare(request)
         try:
+            tail = b""  # the end of what was passed on: `[DONE]` may come split over two reads
             async for data in answer.body:
                 if first_byte is not None:
                     first_byte()
                     first_byte = None
                 await _write(stream, data)
+                tail = (tail + data)[-32:]
+                if tail.rstrip().endswith(DONE_MARK):  # the client has its whole answer, whenever it hangs up
+                    request[WHOLE] = answer.status
         except ProxyError as error:
             await _write(stream, b"\n\n" + sse(openai_error(error)) + DONE)  # the blank line ends a cut event
         except _Stalled:

@@ -106,6 +106,7 @@ class Flights:
     takeover: bool = False  # a newer keystroke may take an abandoned flight over (reuse is on)
     prefill_s: float | None = field(default=None, init=False)  # running estimate of the time to first token
     sent_upstream: int = field(default=0, init=False)  # upstream requests sent and not yet let go by the server
+    letting_go: int = field(default=0, init=False)  # of those, dropped ones the proxy waits for the server to let go
     _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -264,12 +265,14 @@ class Flights:
         server will finish anyway). At most `LET_GO_TIMEOUT_S`.
         """
         released = False
+        self.letting_go += 1
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
                 self.sent_upstream -= 1
+                self.letting_go -= 1
                 lease.release()
 
         def accept(held: int) -> bool:

@@ -39,6 +39,7 @@ class Telemetry:
     deadline_watch: DeadlineWatch | None = None
     acceptance: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     bulk: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=BULK_KEPT))  # the last bulk requests
+    bulk_added: int = 0  # bulk requests finished since start (the live page reads those it has not seen)
 
     def sinks(self) -> list[JsonlLog]:
         """The files requests are written to (`--log`, `--record`)."""
@@ -89,11 +90,17 @@ class Telemetry:
         completions, whose figures, judgements and warnings it would muddle)."""
         record.total_ms = (self.clock.now() - record.started) * 1000.0
         self.bulk.append(record)
+        self.bulk_added += 1
         if self.metrics is not None:
             self.metrics.observe_bulk(record)
         if self.log is not None:
             self.log.put(record.as_dict())
         self.records.changes.notify()  # the live page's state, and whoever waits on a lane
+
+    def bulk_since(self, added: int) -> list[RequestRecord]:
+        """The bulk records finished after the first `added` (those still kept)."""
+        new = min(self.bulk_added - added, len(self.bulk))
+        return list(self.bulk)[len(self.bulk) - new :] if new > 0 else []
 
     def settle(self) -> None:
         """Judge every suggestion still open, by what was seen (at shutdown, before the log closes)."""

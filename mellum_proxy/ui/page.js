@@ -6,15 +6,22 @@
 const MAX_ROWS = 300;
 const WINDOW_S = 300;
 const BUCKET_S = 10;
-const DROPPED = new Set(["debounced", "cancelled", "client_gone", "skipped", "shutdown"]);
-const ERRORS = new Set(["upstream_error", "internal_error", "bad_request", "queue_full"]);
+// The outcomes chart's lines, each named by the outcomes it counts (the record's `outcome` values).
+const OUTCOME_LINES = [["ok", "s-ok"], ["reused", "s-reused"], ["cancelled/debounced/skipped", "s-dropped"],
+  ["client_gone/shutdown", "s-gone"], ["timeout", "s-timeout"],
+  ["upstream_error/queue_full/internal_error/bad_request", "s-error"]];
+// The chat lane's (chats and agents passed through): answered, refused or waited out, let go, failed.
+const CHAT_LINES = [["ok", "s-ok"], ["queue_full/timeout", "s-timeout"], ["client_gone", "s-gone"],
+  ["upstream_error", "s-error"]];
+const MAX_CHAT_ROWS = 100;
 const POLICY_KEYS = ["dispatch", "debounce_ms", "hold_min_ms", "max_inflight", "max_concurrency", "max_queue",
   "timeout_ms", "max_context_tokens", "max_tokens", "reuse", "postprocess", "stop_at_blank_line", "keep_prefill",
   "fim_template", "tokenizer", "log_content", "completion_reserve", "max_bulk_queue", "bulk_wait_ms"];
 
 const rows = new Map(); // request id -> {record, tr}
 const finished = []; // {at, ttft, outcome} for the charts
-const samples = []; // {at, held, queued, gpu} from the state events
+const chats = []; // {at, outcome}: the chat lane's, for its chart
+const samples = []; // {at, held, queued, bulk, gpu} from the state events
 let gpuReason = "";
 
 function el(tag, attrs = {}, ...children) {
@@ -55,6 +62,7 @@ events.addEventListener("accepted", (event) => {
     if (row) row.tr.querySelector(".kept").textContent = judged.accepted_chars;
   }
 });
+events.addEventListener("chats", (event) => { for (const record of JSON.parse(event.data)) addChat(record); drawCharts(); });
 events.addEventListener("state", (event) => showState(JSON.parse(event.data)));
 
 // ---- Live ---------------------------------------------------------------------------------------------------
@@ -99,6 +107,23 @@ function addRequest(record) {
   }
 }
 
+// A chat or agent request passed through (the bulk lane): its times and status, never its text.
+function addChat(record) {
+  const body = document.querySelector("#chats tbody");
+  if (body.querySelector(`[data-request-id="${CSS.escape(record.id)}"]`)) return; // sent again on a reconnect
+  chats.push({ at: record.received_at + (record.total_ms ?? 0) / 1000, outcome: record.outcome });
+  body.prepend(el("tr", { "data-request-id": record.id },
+    el("td", {}, clock(record.received_at)),
+    el("td", { class: "id" }, record.id),
+    el("td", {}, record.session),
+    el("td", { class: `outcome outcome-${record.outcome}` }, record.outcome),
+    el("td", { class: "num" }, record.upstream_status ?? ""),
+    el("td", { class: "num queue" }, ms(record.queue_ms)),
+    el("td", { class: "num ttft" }, ms(record.ttft_ms)),
+    el("td", { class: "num total" }, ms(record.total_ms))));
+  while (body.rows.length > MAX_CHAT_ROWS) body.lastElementChild.remove();
+}
+
 // ---- Now, Explain, the warning ------------------------------------------------------------------------------
 
 // A sleeping server (its model unloaded when idle) is up, and says so: the next keystroke wakes it.
@@ -140,14 +165,14 @@ function showState(state) {
   }
   const vram = state.vram ?? {};
   gpuReason = vram.source === "nvml" ? "" : `no GPU reading: ${vram.reason ?? vram.source}`;
-  samples.push({ at: state.at, held: state.inflight, queued: state.queued, gpu: vram.used_mib });
+  samples.push({ at: state.at, held: state.inflight, queued: state.queued, bulk: bulk.inflight, gpu: vram.used_mib });
   while (samples.length && samples[0].at < state.at - WINDOW_S) samples.shift();
   drawCharts(state.at);
 }
 
 // ---- charts (plain SVG) -------------------------------------------------------------------------------------
 
-const W = 400, H = 150, LEFT = 40, BOTTOM = 18, TOP = 8;
+const W = 400, H = 150, LEFT = 40, BOTTOM = 18, LEGEND_ROW = 14;
 
 function percentile(values, q) {
   if (!values.length) return null;
@@ -155,7 +180,22 @@ function percentile(values, q) {
   return sorted[Math.min(sorted.length - 1, Math.floor((q / 100) * sorted.length))];
 }
 
+// Where each legend entry goes: rows that wrap at the chart's width, so that every name is whole.
+function legendPlaces(series) {
+  const places = [];
+  let x = LEFT + 6, row = 0;
+  for (const s of series) {
+    const width = 22 + 6 * s.name.length; // a 10 px label is about 5.5 px a character
+    if (x + width > W && x > LEFT + 6) { x = LEFT + 6; row += 1; }
+    places.push([x, 4 + row * LEGEND_ROW]);
+    x += width;
+  }
+  return places;
+}
+
 function plot(svg, series, now, note = "") {
+  const places = legendPlaces(series);
+  const TOP = 8 + LEGEND_ROW * (places.length ? (places[places.length - 1][1] - 4) / LEGEND_ROW + 1 : 0);
   const top = Math.max(1, ...series.flatMap((s) => s.points.map(([, v]) => v ?? 0)));
   const x = (t) => LEFT + ((t - (now - WINDOW_S)) / WINDOW_S) * (W - LEFT - 4);
   const y = (v) => H - BOTTOM - (v / top) * (H - BOTTOM - TOP);
@@ -171,17 +211,16 @@ function plot(svg, series, now, note = "") {
     text.textContent = label;
     parts.push(text);
   }
-  let legendX = LEFT + 6;
-  for (const s of series) {
+  series.forEach((s, index) => {
+    const [legendX, legendY] = places[index];
     const points = s.points.filter(([t, v]) => v != null && t >= now - WINDOW_S);
     if (points.length > 1) parts.push(svgEl("polyline", { class: s.cls, points: points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ") }));
     if (points.length === 1) parts.push(svgEl("circle", { class: `${s.cls} dot`, cx: x(points[0][0]).toFixed(1), cy: y(points[0][1]).toFixed(1), r: 2.5 }));
-    parts.push(svgEl("line", { class: s.cls, x1: legendX, y1: TOP + 5, x2: legendX + 10, y2: TOP + 5 }));
-    const legend = svgEl("text", { x: legendX + 13, y: TOP + 8 });
+    parts.push(svgEl("line", { class: s.cls, x1: legendX, y1: legendY + 5, x2: legendX + 10, y2: legendY + 5 }));
+    const legend = svgEl("text", { class: "legend", x: legendX + 13, y: legendY + 8 });
     legend.textContent = s.name;
     parts.push(legend);
-    legendX += 22 + 5.5 * s.name.length;
-  }
+  });
   if (note) {
     const text = svgEl("text", { x: LEFT + 6, y: H / 2 });
     text.textContent = note;
@@ -190,10 +229,10 @@ function plot(svg, series, now, note = "") {
   svg.replaceChildren(...parts);
 }
 
-function buckets(now) {
+function buckets(now, ended = finished) {
   const out = [];
   for (let start = now - WINDOW_S; start < now; start += BUCKET_S) {
-    const inside = finished.filter((f) => f.at >= start && f.at < start + BUCKET_S);
+    const inside = ended.filter((f) => f.at >= start && f.at < start + BUCKET_S);
     out.push({ t: start + BUCKET_S, inside });
   }
   return out;
@@ -206,16 +245,17 @@ function drawCharts(now = Date.now() / 1000) {
   plot(document.getElementById("chart-ttft"), [
     { name: "p50", cls: "p50", points: ttfts.map(([t, v]) => [t, percentile(v, 50)]) },
     { name: "p95", cls: "p95", points: ttfts.map(([t, v]) => [t, percentile(v, 95)]) }], now);
-  const count = (test) => bins.map((b) => [b.t, b.inside.filter((f) => test(f.outcome)).length]);
-  plot(document.getElementById("chart-outcomes"), [
-    { name: "ok", cls: "s-ok", points: count((o) => o === "ok") },
-    { name: "reused", cls: "s-reused", points: count((o) => o === "reused") },
-    { name: "dropped", cls: "s-dropped", points: count((o) => DROPPED.has(o)) },
-    { name: "timeout", cls: "s-timeout", points: count((o) => o === "timeout") },
-    { name: "error", cls: "s-error", points: count((o) => ERRORS.has(o)) }], now);
+  const lines = (defined, bucketed) => defined.map(([name, cls]) => {
+    const outcomes = new Set(name.split("/"));
+    return { name, cls, points: bucketed.map((b) => [b.t, b.inside.filter((f) => outcomes.has(f.outcome)).length]) };
+  });
+  plot(document.getElementById("chart-outcomes"), lines(OUTCOME_LINES, bins), now);
+  while (chats.length && chats[0].at < now - WINDOW_S - BUCKET_S) chats.shift();
+  plot(document.getElementById("chart-chats"), lines(CHAT_LINES, buckets(now, chats)), now);
   plot(document.getElementById("chart-held"), [
-    { name: "held by the server", cls: "held", points: samples.map((s) => [s.at, s.held]) },
-    { name: "queued", cls: "queued", points: samples.map((s) => [s.at, s.queued]) }], now);
+    { name: "completions held by the server", cls: "held", points: samples.map((s) => [s.at, s.held]) },
+    { name: "queued", cls: "queued", points: samples.map((s) => [s.at, s.queued]) },
+    { name: "chat / agents running", cls: "bulk", points: samples.map((s) => [s.at, s.bulk]) }], now);
   plot(document.getElementById("chart-gpu"), [
     { name: "used", cls: "gpu", points: samples.map((s) => [s.at, gpuReason ? 0 : s.gpu]) }], now, gpuReason);
 }

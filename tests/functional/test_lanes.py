@@ -176,3 +176,38 @@ async def test_on_the_real_server_no_completion_waits_behind_a_chat_while_the_re
     await proxy.app[RECORDS].changes.wait_for(lambda: len(proxy.app[TELEMETRY].bulk) == 2, 30)
     assert [r.outcome for r in proxy.app[TELEMETRY].bulk] == ["ok", "ok"]
     assert orjson.loads(await (await proxy.get("/status")).read())["lanes"]["bulk"]["wait_ms"]["of"] == 2
+
+
+async def test_a_chat_client_that_hangs_up_after_done_got_its_whole_answer(
+    make_proxy: ProxyFactory, aiohttp_server: Any
+) -> None:
+    """A client closes as soon as it reads `[DONE]`, while the server has yet to end its stream: the answer was
+    passed on whole, and is recorded `ok` (2 of 49 such chats were `client_gone`)."""
+    ended = asyncio.Event()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"delta": {"content": "Sure."}, "finish_reason": "stop"}]}\n\n')
+        await response.write(b"data: [DO")  # the last event in two reads
+        await response.write(b"NE]\n\n")
+        await ended.wait()  # the stream's own end comes later
+        await response.write_eof()
+        return response
+
+    upstream = await aiohttp_server(routes({"POST /v1/chat/completions": chat,
+                                            "GET /health": answering({"status": "ok"})}))  # fmt: skip
+    proxy = await make_proxy(upstream=str(upstream.make_url("")), tokenizer="chars")
+    reader, writer = await asyncio.open_connection(proxy.server.host, proxy.server.port)
+    body = orjson.dumps(CHAT)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+    seen = b""
+    async with asyncio.timeout(10):
+        while b"[DONE]" not in seen:
+            seen += await reader.read(4096)
+    writer.transport.abort()  # gone at once, as a client that has what it wanted
+    bulk = proxy.app[TELEMETRY].bulk
+    await proxy.app[RECORDS].changes.wait_for(lambda: len(bulk) == 1, 10)
+    ended.set()
+    assert bulk[0].outcome == "ok" and bulk[0].upstream_status == 200
