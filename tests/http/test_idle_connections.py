@@ -97,3 +97,50 @@ async def test_a_chat_client_that_stops_reading_is_let_go_and_its_slot_freed(mon
             await admission.changes.wait_for(lambda: admission.bulk_running == 0, 20)  # let go after STALLED_S
             assert [record.outcome for record in app[TELEMETRY].bulk] == ["client_gone"]  # not passed on whole
             writer.close()
+
+
+async def test_a_burst_past_the_limit_is_answered_503_at_once_not_left_in_the_kernels_queue(
+    aiohttp_server: Any,
+) -> None:
+    """200 clients at once against a proxy whose limit is 16 (a low file limit's): those over it are accepted and
+    answered 503 within a second or two, instead of waiting for their dropped SYNs' retries (1, 3, 7, 15 s)."""
+    release = asyncio.Event()
+
+    async def hanging(request: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return web.json_response({"choices": [{"text": "x", "index": 0, "finish_reason": "stop"}]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    fake = web.Application()
+    fake.router.add_post("/v1/completions", hanging)
+    fake.router.add_get("/health", health)
+    upstream = await aiohttp_server(fake)
+    app = build_app(Settings(upstream=str(upstream.make_url("")), tokenizer="chars", timeout_ms=0))
+    async with serve_app(app) as base:
+        app[CONNECTIONS].limit = 16
+        port = int(base.rsplit(":", 1)[1])
+        request = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(COMPLETION), COMPLETION))  # fmt: skip
+
+        async def client() -> tuple[float, bytes, asyncio.StreamWriter]:
+            started = asyncio.get_running_loop().time()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            try:
+                line = await asyncio.wait_for(reader.readline(), 5)
+            except TimeoutError:
+                line = b""  # within the limit: its completion waits on the hanging server
+            return asyncio.get_running_loop().time() - started, line, writer
+
+        answers = await asyncio.gather(*(client() for _ in range(200)))
+        # a newer keystroke of the same session supersedes an older one (answered at once), so the slots turn over;
+        # only those still on the hanging server are left without an answer
+        answered = [took for took, line, _ in answers if line.startswith((b"HTTP/1.1 503", b"HTTP/1.1 200"))]
+        refused = [line for _, line, _ in answers if line.startswith(b"HTTP/1.1 503")]
+        assert len(answered) >= 200 - 16 and len(refused) >= 50, (len(answered), len(refused))
+        assert max(answered) < 3.0, max(answered)  # none waited on a retried SYN
+        release.set()
+        for _, _, writer in answers:
+            writer.close()
