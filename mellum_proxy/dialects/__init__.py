@@ -8,8 +8,9 @@ from mellum_proxy.dialects.base import CompletionRoute, Dialect, DiscoveryRoute,
 from mellum_proxy.dialects.llamacpp import LLAMACPP
 from mellum_proxy.dialects.ollama import OLLAMA
 from mellum_proxy.dialects.openai import OPENAI
+from mellum_proxy.dialects.sweep import SWEEP
 
-REGISTRY: tuple[Dialect, ...] = (OPENAI, LLAMACPP, OLLAMA)
+REGISTRY: tuple[Dialect, ...] = (OPENAI, LLAMACPP, OLLAMA, SWEEP)
 DEFAULT = OPENAI  # the error shape of paths no dialect owns
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "OLLAMA",
     "OPENAI",
     "REGISTRY",
+    "SWEEP",
     "CompletionRoute",
     "Dialect",
     "DiscoveryRoute",

@@ -23,6 +23,9 @@ CONFIGS = {
     "tabby": "tabby.toml",
     "jetbrains": "jetbrains-ai-assistant.md",
     "zed": "zed.json",
+    "copilot-llm-gateway": "copilot-llm-gateway.json",
+    "cursortab": "cursortab.lua",
+    "sweep": "sweep-vscode.json",
 }
 
 
@@ -48,6 +51,7 @@ def values(settings: Settings) -> dict[str, str]:
         "api_key": settings.auth_token or "",
         "api_key_or_none": settings.auth_token or "none",
         "api_key_env": "MELLUM_PROXY_AUTH_TOKEN" if settings.auth_token else "TERM",
+        "api_key_env_if_token": "MELLUM_PROXY_AUTH_TOKEN" if settings.auth_token else "",
         "api_key_note": " (export it with the proxy's auth_token)"
         if settings.auth_token
         else " (always set; the proxy checks keys only with an auth_token)",

@@ -299,6 +299,71 @@ def zed(status: int, raw: bytes) -> str:
     return text
 
 
+# --- GitHub Copilot LLM Gateway (arbs-io/github-copilot-llm-gateway b2dec77) ------------------------------------
+
+
+def copilot_gateway(status: int, raw: bytes) -> str:
+    """src/api/client.ts `fetchCompletion` (a non-2xx status throws `CompletionHttpError`, caught in
+    src/provider/inlineCompletionService.ts: no suggestion), src/completions/inlineCompletion.ts
+    `extractCompletionText` (`response?.choices?.[0]?.text`, a string or nothing) and `cleanCompletionText`
+    (whitespace only is nothing; trailing newlines trimmed)."""
+    if status >= 300:
+        return ""
+    data = json_object(raw, "Copilot LLM Gateway")  # `await response.json()`: not JSON throws
+    choices = data.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    text = first.get("text") if isinstance(first, dict) else None
+    text = text if isinstance(text, str) else ""
+    return "" if not text.strip() else text.rstrip("\n")
+
+
+# --- cursortab.nvim (sweepai/cursortab.nvim bc06a8f) ------------------------------------------------------------
+
+
+def cursortab(status: int, raw: bytes) -> str:
+    """server/client/openai/openai.go `runLineStream` (a status other than 200 is an error: no completion) and
+    `processLineStream` (each `data: ` line but `[DONE]` decoded as a `StreamChunk`: Go's json.Unmarshal fails on a
+    wrong type, and the line is skipped; `choices[0].text` appended; `data: [DONE]` ends it)."""
+    if status != 200:
+        return ""
+    text = []
+    for line in raw.decode().split("\n"):
+        if line == "data: [DONE]":
+            break
+        if not line.startswith("data: "):
+            continue
+        chunk = orjson.loads(line[6:])
+        need(isinstance(chunk, dict), "cursortab: a chunk that is not an object")
+        choices = chunk.get("choices")
+        need(choices is None or isinstance(choices, list), "cursortab: choices is not a list")
+        if choices:
+            need(isinstance(choices[0].get("text", ""), str), "cursortab: text is not a string")
+            need(isinstance(choices[0].get("finish_reason") or "", str), "cursortab: finish_reason")
+            text.append(choices[0].get("text", ""))
+    else:
+        raise PluginBrokeError("cursortab: the stream ended without data: [DONE]")
+    return "".join(text)
+
+
+# --- Sweep's VS Code extension, local mode (sweepai/vscode-nes fa52a26) ------------------------------------------
+
+
+def sweep_vscode(status: int, raw: bytes) -> str:
+    """src/api/client.ts `sendRequest` (a status other than 200 rejects: no suggestion; a body that fails
+    `AutocompleteResponseSchema` rejects too, and a 200 that does so is the proxy's fault) and `getAutocomplete`
+    (the completion inserted between `start_index` and `end_index`, byte offsets with `use_bytes`)."""
+    if status != 200:
+        return ""
+    data = json_object(raw, "Sweep")
+    for name in ("autocomplete_id", "completion"):
+        need(isinstance(data.get(name), str), f"Sweep: {name} is not a string: {data.get(name)!r}")
+    for name in ("start_index", "end_index", "confidence"):
+        need(number(data.get(name)), f"Sweep: {name} is not a number: {data.get(name)!r}")
+    need(data.get("finish_reason") is None or isinstance(data["finish_reason"], str), "Sweep: finish_reason")
+    need(data.get("elapsed_time_ms") is None or number(data["elapsed_time_ms"]), "Sweep: elapsed_time_ms")
+    return str(data["completion"])
+
+
 @dataclass(frozen=True)
 class Plugin:
     """One plugin's request (a fixture) and its answer reader."""
@@ -323,6 +388,9 @@ PLUGINS = (
     Plugin("Twinny", "/api/generate", "twinny/ollama-fim.json", twinny),
     Plugin("Tabby", "/completion", "tabby/completion.json", tabby),
     Plugin("JetBrains mellum-sdk", "/api/generate", "mellum-sdk/generate.json", mellum_sdk),
+    Plugin("Copilot LLM Gateway", "/v1/completions", "copilot-llm-gateway/inline.json", copilot_gateway),
+    Plugin("cursortab.nvim", "/v1/completions", "cursortab/fim.json", cursortab),
+    Plugin("Sweep (VS Code)", "/backend/next_edit_autocomplete", "sweep-vscode/next-edit.json", sweep_vscode),
     *(
         Plugin(f"Zed ({name})", "/v1/completions", f"zed/fim-{name.replace('_', '-')}.json", zed)
         for name in ("star_coder", "code_llama", "deepseek_coder", "qwen", "code_gemma", "codestral", "glm")

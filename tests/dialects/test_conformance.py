@@ -26,7 +26,12 @@ async def ask(proxy: Any, plugin: Plugin, body: dict[str, Any] | None = None) ->
 def typed_through(plugin: Plugin, typed: str) -> dict[str, Any]:
     """The plugin's next request after the person typed `typed` at the cursor."""
     body = request_body(plugin)
-    if plugin.name.startswith("Zed"):  # each of Zed's formats places the prefix elsewhere: at the demo's cursor
+    if "cursor_position" in body:  # Sweep's: the file and a byte offset into it
+        at = body["cursor_position"]
+        data = body["file_contents"].encode()
+        body["file_contents"] = (data[:at] + typed.encode() + data[at:]).decode()
+        body["cursor_position"] = at + len(typed.encode())
+    elif plugin.name.startswith("Zed"):  # each of Zed's formats places the prefix elsewhere: at the demo's cursor
         body["prompt"] = body["prompt"].replace("    total = ", "    total = " + typed, 1)
     elif "input_prefix" in body or "suffix" in body:
         body["prompt"] += typed

@@ -9,8 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from mellum_proxy.dialects import llamacpp, ollama, openai
+from mellum_proxy.dialects import llamacpp, ollama, openai, sweep
 from mellum_proxy.dialects.base import FieldReader, header, session_key
+from mellum_proxy.edit_region import edit_region_format
 from mellum_proxy.errors import InvalidRequestError
 
 CLIENTS = Path(__file__).resolve().parents[1] / "fixtures" / "clients"
@@ -108,10 +109,36 @@ def test_generate_streams_unless_told_not_to() -> None:
 
 
 @pytest.mark.parametrize("body", [[], "x", 3, None])
-@pytest.mark.parametrize("parse", [openai.parse_completion, llamacpp.parse_infill, ollama.parse_generate])
+@pytest.mark.parametrize(
+    "parse", [openai.parse_completion, llamacpp.parse_infill, ollama.parse_generate, sweep.parse_next_edit]
+)
 def test_every_parser_wants_an_object(parse: Any, body: Any) -> None:
     with pytest.raises(InvalidRequestError, match="must be a JSON object"):
         parse(body, {}, "r")
+
+
+def test_sweep_reads_the_extensions_file_and_byte_cursor() -> None:
+    body = captured("sweep-vscode/next-edit.json")
+    request = sweep.parse_next_edit(body, {}, "r")
+    assert request.prefix.endswith("    total = ") and request.suffix is not None
+    assert request.suffix.startswith("\n\n    return total / len(users)") and not request.stream
+    assert request.file_path == "/home/dev/demo/demo.py"
+    emoji = {"file_contents": "s = '\U0001f600'\nx = ", "cursor_position": len("s = '\U0001f600'\nx = ".encode()),
+             "use_bytes": True}  # fmt: skip
+    assert sweep.parse_next_edit(emoji, {}, "r").prefix == emoji["file_contents"]  # bytes, not characters
+    with pytest.raises(InvalidRequestError, match="past the end"):
+        sweep.parse_next_edit({**emoji, "cursor_position": 99}, {}, "r")
+    with pytest.raises(InvalidRequestError, match="'file_contents' and 'cursor_position' are required"):
+        sweep.parse_next_edit({"file_contents": "x"}, {}, "r")
+
+
+def test_cursortabs_sweep_prompt_is_an_edit_region() -> None:
+    """cursortab.nvim's `sweep` provider (server/provider/sweep/sweep.go `buildPrompt`, bc06a8f) writes the same
+    file blocks as Zed's: passed through untouched."""
+    prompt = ("<|file_sep|>demo.py.diff\n<<<<<<< ORIGINAL\n\n=======\n    total = \n>>>>>>> UPDATED\n\n"
+              "<|file_sep|>original/demo.py\ndef f():\n\n<|file_sep|>current/demo.py\ndef f():\n    total = \n"
+              "<|file_sep|>updated/demo.py\n")  # fmt: skip
+    assert edit_region_format(prompt) == "sweep"
 
 
 def test_field_reader_passes_on_what_it_did_not_read_but_not_too_deep() -> None:
