@@ -126,6 +126,10 @@ class Settings(BaseSettings):
     embedded_kv_type: Literal["f16", "bf16", "q8_0", "q4_0"] = Field(
         "f16", description="Embedded server's KV cache type (`mellum-proxy fit` measures the choice)."
     )
+    embedded_spec: Literal["none", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache"] = Field(
+        "none", description="Embedded server's self-speculation, drafting from the text (`fit --spec` measures it)."
+    )
+    embedded_cache_reuse: int = Field(0, ge=0, description="Embedded server's KV shifting (--cache-reuse N; 0: off).")
 
     # --- request handling --------------------------------------------------------------------
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted.")

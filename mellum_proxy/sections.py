@@ -103,6 +103,8 @@ class EmbeddedSection:
     threads: int = field(metadata=source("embedded_threads"))  # 0: `mellum_proxy.upstream.embedded.default_threads`
     kv_type: str = field(metadata=source("embedded_kv_type"))
     sleep_idle_s: int = field(metadata=source("embedded_sleep_idle_s"))
+    spec: str = field(metadata=source("embedded_spec"))
+    cache_reuse: int = field(metadata=source("embedded_cache_reuse"))
 
 
 @dataclass(frozen=True, slots=True)

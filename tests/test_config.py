@@ -146,7 +146,7 @@ SETTINGS_USERS_HAVE = (
     "prefix_ratio context_step_lines tokenizer fim_template complete_in_comments postprocess stop_at_blank_line "
     "default_temperature log log_max_mb log_content record vram_interval_ms gpu upstream_pid "
     "completion_reserve max_bulk_queue bulk_wait_ms upstream_priority slo_header idle_timeout_ms keep_alive log_keep "
-    "embedded_sleep_idle_s"
+    "embedded_sleep_idle_s embedded_spec embedded_cache_reuse"
 ).split()
 
 

@@ -48,6 +48,8 @@ async def embedded_upstream(app: web.Application) -> AsyncIterator[None]:
         swa_full=True,  # gemma-3's sliding-window layers would otherwise re-process every prompt from its start
         kv_type=section.kv_type,
         sleep_idle_s=section.sleep_idle_s,
+        spec=section.spec,
+        cache_reuse=section.cache_reuse,
     )
     loading = asyncio.ensure_future(asyncio.to_thread(server.start))  # the model load blocks for a second or two
     try:
@@ -159,8 +161,11 @@ def ready_block(app: web.Application) -> str:
     view = discovery.view
     upstream = f"upstream {view.url}"
     if EMBEDDED in app and discovery.upstream.base_url == app[EMBEDDED].url:
-        threads = app[EMBEDDED].threads
-        upstream += f" (embedded llama.cpp, {threads} thread{'s' if threads > 1 else ''})"
+        embedded = app[EMBEDDED]
+        upstream += f" (embedded llama.cpp, {embedded.threads} thread{'s' if embedded.threads > 1 else ''}"
+        upstream += f", speculation {embedded.spec}" if embedded.spec != "none" else ""
+        upstream += f", cache reuse {embedded.cache_reuse}" if embedded.cache_reuse else ""
+        upstream += ")"
     found = discovery.found.describe() if discovery.found else "not reachable yet"
     context = f"{view.context_tokens} tokens a request"
     if view.context_tokens < view.configured_context_tokens:

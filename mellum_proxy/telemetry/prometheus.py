@@ -70,6 +70,12 @@ class ProxyMetrics:
         self.accepted_chars = Counter(
             "mellum_proxy_accepted_chars", "Characters of the shown suggestions the person kept.", registry=r
         )
+        self.draft_tokens = Counter(
+            "mellum_proxy_draft_tokens", "Tokens the server's speculation drafted (llama.cpp's timings).", registry=r
+        )
+        self.draft_tokens_accepted = Counter(
+            "mellum_proxy_draft_tokens_accepted", "Drafted tokens the model accepted.", registry=r
+        )
         # every outcome is visible from the start, at 0; the children are looked up once
         self._by_outcome = {outcome: self.requests.labels(outcome.value) for outcome in Outcome}
         Gauge("mellum_proxy_inflight_requests", "Requests upstream now.", registry=r).set_function(inflight)
@@ -102,6 +108,9 @@ class ProxyMetrics:
         if record.queue_ms is not None:
             self.queue_wait.observe(record.queue_ms / 1000)
             self.lane_wait.labels("completion").observe(record.queue_ms / 1000)
+        if record.draft_n:
+            self.draft_tokens.inc(record.draft_n)
+            self.draft_tokens_accepted.inc(record.draft_n_accepted or 0)
 
     def observe_bulk(self, record: RequestRecord) -> None:
         self.bulk_requests.labels(str(record.outcome or Outcome.CLIENT_GONE)).inc()

@@ -64,6 +64,8 @@ class RequestRecord:
     content: dict[str, str | None] | None = None  # only with --log-content
     lane: str = "completion"  # or "bulk": chat, agents, tools passed through (`queue_ms` its wait for a slot)
     wake_ms: float | None = None  # it waited this long for the server to wake (it slept, or this request woke it)
+    draft_n: int | None = None  # tokens the server's speculation drafted for it (llama.cpp's `timings`)
+    draft_n_accepted: int | None = None  # of which the model accepted
 
     @classmethod
     def start(
@@ -143,9 +145,14 @@ class RequestRecord:
         self.completion_tokens = usage.get("completion_tokens")
         details = usage.get("prompt_tokens_details") or {}
         self.cached_tokens = details.get("cached_tokens")
-        if self.cached_tokens is None and completion.timings:  # llama.cpp's own: the prompt tokens it reused
-            cache_n = completion.timings.get("cache_n")
-            self.cached_tokens = cache_n if isinstance(cache_n, int) else None
+        timings = completion.timings
+        if timings:
+            if self.cached_tokens is None:  # llama.cpp's own: the prompt tokens it reused
+                cache_n = timings.get("cache_n")
+                self.cached_tokens = cache_n if isinstance(cache_n, int) else None
+            drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")  # with speculation only
+            if type(drafted) is int and type(accepted) is int:
+                self.draft_n, self.draft_n_accepted = drafted, accepted
         self.upstream = completion.served_by
         self.model = completion.model or None
         if self.content is not None:

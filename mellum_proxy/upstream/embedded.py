@@ -64,6 +64,8 @@ class EmbeddedServer:
         verbosity: int = 0,
         kv_type: str = "f16",
         sleep_idle_s: int = 0,
+        spec: str = "none",
+        cache_reuse: int = 0,
     ) -> None:
         self.model = model
         self.ctx_tokens = ctx_tokens
@@ -74,6 +76,8 @@ class EmbeddedServer:
         self.verbosity = verbosity
         self.kv_type = kv_type
         self.sleep_idle_s = sleep_idle_s
+        self.spec = spec  # llama.cpp's self-speculation (`SPEC_TYPES`): drafts from the text, no draft model
+        self.cache_reuse = cache_reuse  # llama.cpp's `--cache-reuse N`: KV shifting of reused prompt chunks
         self._server: Any = None
         self.url: str | None = None
         self.thread_ids: set[int] = set()  # the threads the server started (Linux), for `proc.pin_apart`
@@ -104,6 +108,8 @@ class EmbeddedServer:
         params.cache_type_k = params.cache_type_v = _ggml_type(xllamacpp, self.kv_type)
         if self.sleep_idle_s > 0:
             params.sleep_idle_seconds = self.sleep_idle_s
+        params.speculative.types = [_spec_type(xllamacpp, self.spec)]
+        params.n_cache_reuse = self.cache_reuse
         if hasattr(params, "fit_params"):
             params.fit_params = False
         before = thread_ids()
@@ -118,6 +124,18 @@ class EmbeddedServer:
         self._server = None
         self.url = None
         gc.collect()
+
+
+# The self-speculation types (llama.cpp's `--spec-type`, `common_speculative_type`): each drafts from the text already
+# there, so no draft model is needed.
+SPEC_TYPES = ("none", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
+
+
+def _spec_type(xllamacpp: Any, name: str) -> Any:
+    try:
+        return getattr(xllamacpp.common_speculative_type, f"COMMON_SPECULATIVE_TYPE_{name.upper().replace('-', '_')}")
+    except AttributeError:
+        raise RuntimeError(f"llama.cpp has no speculation type '{name}' ({', '.join(SPEC_TYPES)})") from None
 
 
 def _ggml_type(xllamacpp: Any, name: str) -> Any:

@@ -217,5 +217,5 @@ def _check_numbers(name: str, value: Any) -> None:
 
 NUMERIC_FIELDS = {
     "usage": ("prompt_tokens", "completion_tokens", "total_tokens"),
-    "timings": ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n"),
+    "timings": ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n", "draft_n", "draft_n_accepted"),
 }

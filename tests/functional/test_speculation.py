@@ -1,0 +1,46 @@
+"""The embedded llama.cpp's self-speculation through the proxy: the server drafts from the text, and each record
+carries what it drafted and what the model accepted, from the server's own timings; `/metrics` sums them."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from mellum_proxy.http import RECORDS
+from tests.conftest import ProxyFactory
+
+pytestmark = pytest.mark.embedded
+
+REPETITIVE = "def f(a):\n    return a + 1\n\n" * 12 + "def f(a):\n    return"
+
+
+async def test_a_speculating_server_says_what_it_drafted_and_the_record_keeps_it(
+    make_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mellum_proxy")
+    proxy = await make_proxy(embedded=True, embedded_spec="ngram-mod", embedded_cache_reuse=256,
+                             embedded_ctx_tokens=2048, embedded_slots=1, timeout_ms=0, reuse=False)  # fmt: skip
+    for stream in (True, False):
+        body = {"prompt": REPETITIVE, "max_tokens": 24, "temperature": 0, "stream": stream}
+        resp = await proxy.post("/v1/completions", json=body)
+        assert resp.status == 200
+        await resp.read()
+        record = proxy.app[RECORDS].last()
+        assert record.draft_n is not None and record.draft_n > 0, record  # the server drafted from the text
+        assert record.draft_n_accepted is not None and 0 <= record.draft_n_accepted <= record.draft_n
+    metrics = (await (await proxy.get("/metrics")).read()).decode()
+    drafted = next(line for line in metrics.splitlines() if line.startswith("mellum_proxy_draft_tokens_total "))
+    assert float(drafted.split()[1]) > 0
+    status = await (await proxy.get("/status")).json()
+    assert status["settings"]["embedded_spec"] == "ngram-mod" and status["settings"]["embedded_cache_reuse"] == 256
+    ready = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready in")]
+    assert ready and "speculation ngram-mod, cache reuse 256" in ready[0]
+
+
+async def test_without_speculation_a_record_says_nothing_drafted(make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(embedded=True, embedded_ctx_tokens=2048, embedded_slots=1, timeout_ms=0, reuse=False)
+    resp = await proxy.post("/v1/completions", json={"prompt": REPETITIVE, "max_tokens": 8, "temperature": 0})
+    assert resp.status == 200
+    record = proxy.app[RECORDS].last()
+    assert record.draft_n is None and record.draft_n_accepted is None
