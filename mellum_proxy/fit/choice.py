@@ -24,11 +24,13 @@ class Choice:
     stress_context: int
     stress_batch: int
     chosen: Measurement
+    spec: str = "none"  # the speed candidates' choice (`fit --spec`): the server's self-speculation
+    cache_reuse: int = 0  # and its KV shifting (`fit --cache-reuse`)
 
     def env(self) -> str:
         return (f"MODEL_QUANT={self.quant}\nCTX_DEFAULT={self.context}\nBATCH_DEFAULT={self.batch}\n"
                 f"CTX_STRESS={self.stress_context}\nBATCH_STRESS={self.stress_batch}\n"
-                f"KV_CACHE_TYPE={self.kv_type}\n")  # fmt: skip
+                f"KV_CACHE_TYPE={self.kv_type}\nSPEC_TYPE={self.spec}\nCACHE_REUSE={self.cache_reuse}\n")  # fmt: skip
 
 
 def quality_floor(measured: list[Measurement], given: float | None) -> float | None:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,22 @@ def _kv_types(text: str) -> tuple[str, ...]:
     return names
 
 
+def _specs(text: str) -> tuple[str, ...]:
+    from mellum_proxy.upstream.embedded import SPEC_TYPES
+
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in names if name not in SPEC_TYPES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected speculation types from {', '.join(SPEC_TYPES)}, got '{text}'")
+    return names
+
+
 def add_commands(commands: Any) -> None:
     fit = commands.add_parser("fit", help="measure the paper's candidates on the real server; write the defaults")
     server = fit.add_mutually_exclusive_group(required=True)
     server.add_argument("--embedded", action="store_true", help="the embedded llama.cpp (any GGUF through --model)")
-    server.add_argument("--server-cmd", help="the command that starts your server, with {model} {context} "
-                        "{ctx_total} {batch} {kv} {vllm_kv} {port} filled per candidate")  # fmt: skip
+    server.add_argument("--server-cmd", help="the command that starts your server, with {model} {context} {ctx_total} "
+                        "{batch} {kv} {vllm_kv} {port} {spec} {cache_reuse} filled per candidate")  # fmt: skip
     fit.add_argument("--model", type=Path, action="append", default=[],
                      help="a model file (GGUF) or directory; again for another quantization "
                           "[default with --embedded: the packaged gemma-3-270m]")  # fmt: skip
@@ -65,6 +76,12 @@ def add_commands(commands: Any) -> None:
                      help="then the editor side: your typing (a trace, `serve --record` file or request log), "
                           "replayed by `tune` on the chosen server's profile; again for another")  # fmt: skip
     fit.add_argument("--limit-events", type=POSITIVE, default=1500, help="edits of each --trace [default: 1500]")
+    fit.add_argument("--spec", type=_specs, default=(),
+                     help="then the speed candidates: self-speculation types to measure on your typing at the "
+                          "chosen context and batch, e.g. none,ngram-simple,ngram-mod (the first --trace, or the "
+                          "shipped one)")  # fmt: skip
+    fit.add_argument("--cache-reuse", type=_ints, default=(),
+                     help="and KV shifting to measure (llama.cpp --cache-reuse N), e.g. 0,256")  # fmt: skip
     fit.add_argument("--out", type=Path, required=True, help="where defaults.env, config.toml and fit.* go")
 
 
@@ -140,7 +157,11 @@ def run_fit(args: argparse.Namespace) -> None:
     floor = quality_floor(measured, args.quality_floor)
     choice, because = choose(measured, args.context, floor)
     partial = f"interrupted after {len(measured)} of {len(chosen)} candidates" if interrupted else None
-    _write(args, spec, measured, choice, because, floor, partial, server=_server_name(args, infos))
+    speed = None
+    if choice is not None and not interrupted and (args.spec or args.cache_reuse):
+        speed, choice, partial = _speed(args, choice, options)
+        interrupted = partial is not None
+    _write(args, spec, measured, choice, because, floor, partial, server=_server_name(args, infos), speed=speed)
     if choice is not None and args.trace and not interrupted and _editor_side(args, choice, options):
         _mark_partial(args.out, "interrupted in the editor side (profile and tune); the server side is complete")
         interrupted = True
@@ -161,6 +182,42 @@ async def _measure_all(chosen: list[Candidate], spec: SweepSpec, options: FitOpt
         measured.append(result)
         peak = "-" if result.measured_peak_gib is None else f"{result.measured_peak_gib:.2f} GiB"
         print(f"  {result.status}: peak {peak} ({result.memory_source}), took {result.took_s:.0f} s", flush=True)
+
+
+def _speed(args: argparse.Namespace, choice: Choice, options: FitOptions) -> tuple[dict[str, Any], Choice, str | None]:
+    """The speed candidates at the chosen memory candidate (`mellum_proxy.fit.speed`): their report, the choice
+    with their knobs, and what interrupted them, if anything."""
+    from mellum_proxy.fit import speed
+    from mellum_proxy.fit.report import deadline_ms
+
+    try:
+        trace, events = speed.read_events(args.trace, args.limit_events)
+    except (OSError, ValueError) as exc:
+        fail(f"fit: cannot read the typing: {exc}")
+    runs = speed.plan(args.spec or (speed.BASELINE,), args.cache_reuse or (0,))
+    print(f"speed: {len(runs)} runs of {len(events)} edits of {trace} at {choice.chosen.candidate.name}", flush=True)
+    measured: list[speed.SpeedRun] = []
+    partial = None
+    try:
+        measured = asyncio.run(
+            speed.measure(
+                choice.chosen.candidate,
+                options,
+                runs,
+                events,
+                48,
+                deadline_ms(choice.chosen),
+                lambda line: print(line, flush=True),
+            )
+        )
+    except KeyboardInterrupt:
+        partial = "interrupted in the speed candidates; the memory candidates are complete"
+        print("fit: interrupted; the server it started is stopped", file=sys.stderr)
+    spec, reuse, why = speed.choose(measured) if partial is None else (speed.BASELINE, 0, partial)
+    report = {"trace": trace, "edits": len(events), "why": why,
+              "candidates": [run.summary(choice.chosen.candidate) for run in measured]}  # fmt: skip
+    print(f"speed: spec {spec}, cache reuse {reuse} ({why})", flush=True)
+    return report, replace(choice, spec=spec, cache_reuse=reuse), partial
 
 
 def _editor_side(args: argparse.Namespace, choice: Choice, options: FitOptions) -> bool:
@@ -211,7 +268,8 @@ def _server_name(args: argparse.Namespace, infos: list[ModelInfo]) -> str:
 
 
 def _write(args: argparse.Namespace, spec: SweepSpec, measured: list[Measurement], choice: Choice | None,
-           because: str, floor: float | None, partial: str | None, server: str) -> None:  # fmt: skip
+           because: str, floor: float | None, partial: str | None, server: str,
+           speed: dict[str, Any] | None = None) -> None:  # fmt: skip
     """Write the run's files; a `partial` run (interrupted) says so in each, and prints no "next" line."""
     from mellum_proxy.bench.reporting.writing import command_line  # the bench loads only when a command runs
 
@@ -221,6 +279,8 @@ def _write(args: argparse.Namespace, spec: SweepSpec, measured: list[Measurement
             "partial": partial,
             "paper_note": f"Paper: `sweep` with the {spec.backend} overhead ({overhead:g} GiB)."}  # fmt: skip
     report = as_json(meta, measured, choice, because, floor)
+    if speed is not None:
+        report["speed"] = speed
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "fit.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))

@@ -1,7 +1,7 @@
 """The embedded llama.cpp server in a process of its own, for `mellum-proxy fit`: one candidate's knobs, its
 start-up log (buffer sizes) on stderr, its memory the process's own. It serves until it is terminated.
 
-    python -m mellum_proxy.fit.embedded_child MODEL CTX_TOTAL SLOTS KV_TYPE PORT THREADS
+    python -m mellum_proxy.fit.embedded_child MODEL CTX_TOTAL SLOTS KV_TYPE PORT THREADS [SPEC CACHE_REUSE]
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from mellum_proxy.upstream.embedded import EmbeddedServer
 
 
 def main(argv: list[str]) -> None:
-    model, ctx_total, slots, kv_type, port, threads = argv
+    model, ctx_total, slots, kv_type, port, threads, *speed = argv
+    spec, cache_reuse = speed or ("none", "0")
     server = EmbeddedServer(Path(model), int(ctx_total), int(slots), int(threads), int(port), verbosity=4,
-                            kv_type=kv_type)  # fmt: skip
+                            kv_type=kv_type, spec=spec, cache_reuse=int(cache_reuse))  # fmt: skip
     try:
         url = server.start()
     except RuntimeError as exc:

@@ -22,7 +22,7 @@ from mellum_proxy.planner.probe import wait_healthy
 
 LOG_LIMIT = 4 * 2**20  # the start-up log and what follows; a server that talks more keeps its first 4 MiB
 OOM = re.compile(r"(?i)out of memory|failed to allocate|cannot allocate|CUDA error: out|OutOfMemory|\bOOM\b")
-PLACEHOLDERS = ("model", "context", "ctx_total", "batch", "kv", "vllm_kv", "port")
+PLACEHOLDERS = ("model", "context", "ctx_total", "batch", "kv", "vllm_kv", "port", "spec", "cache_reuse")
 
 
 class LoadFailed(Exception):
@@ -65,8 +65,9 @@ def _signal_session(sid: int, which: signal.Signals) -> None:
         os.killpg(sid, which)
 
 
-def command_for(candidate: Candidate, server_cmd: str | None, port: int, threads: int) -> list[str]:
-    """The argv that starts this candidate's server.
+def command_for(candidate: Candidate, server_cmd: str | None, port: int, threads: int, spec: str = "none",
+                cache_reuse: int = 0) -> list[str]:  # fmt: skip
+    """The argv that starts this candidate's server (with a speed candidate's speculation and cache reuse).
 
     Raises:
         ValueError: `server_cmd` names a placeholder `fit` does not fill.
@@ -74,10 +75,11 @@ def command_for(candidate: Candidate, server_cmd: str | None, port: int, threads
     if server_cmd is None:
         return [sys.executable, "-m", "mellum_proxy.fit.embedded_child", str(candidate.model),
                 str(candidate.context * candidate.batch), str(candidate.batch), candidate.kv_type, str(port),
-                str(threads)]  # fmt: skip
+                str(threads), spec, str(cache_reuse)]  # fmt: skip
     values = {"model": str(candidate.model), "context": candidate.context, "batch": candidate.batch,
               "ctx_total": candidate.context * candidate.batch, "kv": candidate.kv_type, "port": port,
-              "vllm_kv": "auto" if candidate.kv_type in ("f16", "bf16") else candidate.kv_type}  # fmt: skip
+              "vllm_kv": "auto" if candidate.kv_type in ("f16", "bf16") else candidate.kv_type, "spec": spec,
+              "cache_reuse": cache_reuse}  # fmt: skip
     try:
         return [word.format(**values) for word in shlex.split(server_cmd)]
     except (KeyError, IndexError, ValueError) as exc:

@@ -51,6 +51,10 @@ def config_toml(choice: Choice, embedded: bool, packaged: bool) -> str:
     if embedded:
         lines += [f"embedded_ctx_tokens = {choice.context * choice.batch}", f"embedded_slots = {choice.batch}",
                   f'embedded_kv_type = "{choice.kv_type}"']  # fmt: skip
+        if choice.spec != "none":
+            lines.append(f'embedded_spec = "{choice.spec}"  # measured on the typing (fit.md, speed)')
+        if choice.cache_reuse:
+            lines.append(f"embedded_cache_reuse = {choice.cache_reuse}")
         if not packaged:
             lines.append(f"model = {orjson.dumps(str(choice.model.resolve())).decode()}")
     return "\n".join(lines) + "\n"
@@ -60,6 +64,8 @@ def server_flags(choice: Choice) -> list[str]:
     """Each server kind's flags for the choice (`ServerKind.start_flags`), and the stress profile."""
     flags = [f"{kind.title}: {kind.start_flags(choice.context, choice.batch, choice.kv_type)}"
              for kind in KINDS if kind.start_flags is not None]  # fmt: skip
+    if choice.spec != "none" or choice.cache_reuse:
+        flags.append(f"llama.cpp's speed knobs: --spec-type {choice.spec} --cache-reuse {choice.cache_reuse}")
     return [*flags, f"stress profile: context {choice.stress_context}, {choice.stress_batch} at once"]
 
 
@@ -69,7 +75,8 @@ def as_json(meta: dict[str, Any], measured: list[Measurement], choice: Choice | 
     if choice is not None:
         chosen = {"name": choice.chosen.candidate.name, "model": choice.model.name, "quant": choice.quant,
                   "kv_type": choice.kv_type, "context": choice.context, "batch": choice.batch,
-                  "stress_context": choice.stress_context, "stress_batch": choice.stress_batch}  # fmt: skip
+                  "stress_context": choice.stress_context, "stress_batch": choice.stress_batch,
+                  "spec": choice.spec, "cache_reuse": choice.cache_reuse}  # fmt: skip
     return {**meta, "quality_floor": floor, "why": why, "chosen": chosen,
             "candidates": [{**m.summary(), "components": components(m)} for m in measured]}  # fmt: skip
 
@@ -123,11 +130,30 @@ def render(report: dict[str, Any], choice: Choice | None) -> str:
     mismatches = [f"- {m['name']}: {text}" for m in report["candidates"] for text in m["mismatches"]]
     if mismatches:
         lines += ["", "What the server said it loaded differs from what was asked:", *mismatches]
+    lines += speed_table(report.get("speed"))
     lines += ["", f"Chosen: **{report['chosen']['name'] if report['chosen'] else 'none'}**. {report['why']}."]
     if choice is not None:
         lines += ["", "```", choice.env().rstrip(), "```", "", "Server flags:", ""]
         lines += [f"- {line}" for line in server_flags(choice)]
     return "\n".join(lines) + "\n"
+
+
+def speed_table(speed: dict[str, Any] | None) -> list[str]:
+    """The speed candidates (`fit --spec`, `--cache-reuse`), replayed on the typing, and the rule's reading."""
+    if not speed:
+        return []
+    lines = ["", f"Speed, at the chosen candidate, over {speed['edits']} edits of `{speed['trace']}` replayed through "
+             "the proxy in real time (first text: from a pause to its first shown text):", "",
+             "| spec | cache reuse | turn | first text p50 / p95 ms | pauses covered | decode tok/s | draft acceptance "
+             "| prompt tokens computed / cached | status |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for run in speed["candidates"]:
+        text, prompt = run["first_text_ms"], run["prompt_tokens"]
+        coverage = "-" if run["pause_coverage"] is None else f"{run['pause_coverage']:.0%}"
+        lines.append(f"| {run['spec']} | {run['cache_reuse']} | {run['turn']} | {_num(text['p50'], 0)} / "
+                     f"{_num(text['p95'], 0)} | {coverage} | {_num(run['decode_tps'], 1)} | "
+                     f"{_num(run['draft_acceptance'], 2)} | {prompt['computed'] or '-'} / {prompt['cached'] or '-'} | "
+                     f"{run['failure'] or run['status']} |")  # fmt: skip
+    return [*lines, "", f"Speed: {speed['why']}."]
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from mellum_proxy.bench.workloads.trace import Edit, Open
 from mellum_proxy.cli import main
+from mellum_proxy.fit import speed
 from mellum_proxy.fit.candidates import Candidate, choose_candidates
 from mellum_proxy.fit.choice import choose, quality_floor
 from mellum_proxy.fit.editor_side import merged_toml
@@ -96,6 +98,34 @@ def test_a_server_command_gets_the_candidates_knobs() -> None:
     assert argv[3:] == ["-c", "2048", "-np", "2", "-ctk", "q8_0", "--port", "9"]
     with pytest.raises(ValueError, match="not a placeholder"):
         command_for(candidate, "vllm serve {model} --gpu {gpu}", 9, 1)
+    speed = command_for(candidate, "llama-server -m {model} --spec-type {spec} --cache-reuse {cache_reuse}", 9, 1,
+                        "ngram-mod", 256)  # fmt: skip
+    assert speed[3:] == ["--spec-type", "ngram-mod", "--cache-reuse", "256"]
+
+
+def test_speed_candidates_change_one_knob_and_claim_one_only_beyond_the_spread(tmp_path: Path) -> None:
+    assert speed.plan(("none", "ngram-simple", "ngram-mod"), (0, 256)) == [
+        ("none", 0, 1), ("none", 0, 2), ("ngram-simple", 0, 1), ("ngram-mod", 0, 1), ("none", 256, 1)]  # fmt: skip
+
+    def run(spec: str, reuse: int, p95: float, turn: int = 1) -> speed.SpeedRun:
+        return speed.SpeedRun(spec, reuse, turn, first_text_p50_ms=p95 / 2, first_text_p95_ms=p95)
+
+    base = [run("none", 0, 900), run("none", 0, 1000, 2)]  # a spread of 100 ms
+    assert speed.choose([*base, run("ngram-mod", 0, 700), run("ngram-simple", 0, 880)])[:2] == ("ngram-mod", 0)
+    within = speed.choose([*base, run("ngram-mod", 0, 860), run("none", 256, 600)])
+    assert within[:2] == ("none", 256) and "within the spread" in within[2]
+    opened, typed = Open(0, "a.py", "def f():\n    pass\n"), Edit(10, "a.py", 9, 0, "    x = 1\n")
+    assert speed.final_text([opened, typed]) == "def f():\n    x = 1\n"  # what the probes complete
+    refused = speed.SpeedRun("ngram-mod", 0, failure="load_failed: unknown spec type")
+    assert speed.choose([*base, refused])[:2] == ("none", 0)
+    choice, _ = choose([measured(1024, 2)], 1024, None)
+    assert choice is not None
+    fast = replace(choice, spec="ngram-mod", cache_reuse=256)
+    assert "SPEC_TYPE=ngram-mod\nCACHE_REUSE=256\n" in fast.env()
+    path = tmp_path / "config.toml"
+    path.write_text(config_toml(fast, embedded=True, packaged=True))
+    settings = load_settings({}, path)
+    assert (settings.embedded_spec, settings.embedded_cache_reuse) == ("ngram-mod", 256)
 
 
 def test_the_line_that_says_why_a_load_failed_is_quoted() -> None:

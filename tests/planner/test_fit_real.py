@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from mellum_proxy.cli import main
+from mellum_proxy.fit import speed
 from mellum_proxy.fit.candidates import Candidate
 from mellum_proxy.fit.measure import FitOptions, measure
 from mellum_proxy.planner.sweep import Cell
@@ -105,6 +106,20 @@ def test_sigterm_or_sighup_stop_fit_as_ctrl_c_does_and_mark_the_run_partial(tmp_
     assert report["chosen"] is not None and len(report["candidates"]) == 1
     assert (tmp_path / "defaults.env").read_text().startswith("# PARTIAL: fit was interrupted after 1 of 2")
     assert "**Partial run: interrupted after 1 of 2 candidates.**" in (tmp_path / "fit.md").read_text()
+
+
+def test_a_speculation_candidates_draft_acceptance_is_the_servers_own() -> None:
+    """The speed phase against the real server: ngram self-speculation, the shipped trace replayed through the
+    proxy; what was drafted and accepted comes from llama.cpp's timings, record by record."""
+    cell = Cell("Q4_K_M", 512, 1, 0, 0, 0, 0, 0.0, "OK")
+    candidate = Candidate(packaged_model(), "Q4_K_M", 512, 1, "f16", cell, "test")
+    _, events = speed.read_events([], 40)
+    said: list[str] = []
+    runs = asyncio.run(speed.measure(candidate, FitOptions(quality=None, idle_s=0), [("ngram-mod", 0, 1)], events,
+                                     48, 3000, said.append))  # fmt: skip
+    assert runs[0].ok, said
+    assert runs[0].draft_acceptance is not None and 0 <= runs[0].draft_acceptance <= 1
+    assert runs[0].decode_tps and runs[0].first_text_p95_ms is not None
 
 
 def _zombie(pid: int) -> bool:

@@ -66,6 +66,8 @@ class PolicyResult(Seen):
     record_prompt_tokens: int = 0  # prompt tokens of the answered requests (their usage)
     record_cached_tokens: int = 0  # of which the server reused from its cache
     decode_ms_per_token: float | None = None  # the server's own decode time a token (its `/metrics`), if it says
+    draft_n: int | None = None  # tokens the server's speculation drafted over the replay (None: it does not draft)
+    draft_n_accepted: int | None = None  # of which the model accepted
     # (arrival unix s, upstream that answered, outcome, total ms) of each request that reached the upstream
     upstream_series: list[tuple[float, str | None, str, float]] = field(default_factory=list)
     inflight_series: list[tuple[float, float, float]] = field(default_factory=list)  # (s, running, queued)

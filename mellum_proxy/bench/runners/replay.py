@@ -208,6 +208,7 @@ async def run_policy(
         if record.upstream is not None:
             served_by[record.upstream] = served_by.get(record.upstream, 0) + 1
     counted = [r for r in records if r.prompt_tokens is not None and r.cached_tokens is not None]
+    drafted = [r for r in records if r.draft_n is not None]
     reached = [r for r in records if r.reached_upstream]
     return PolicyResult(
         policy=policy.name, **Seen.of(acct), client_requests=acct.requests, upstream_requests=upstream_requests,
@@ -224,6 +225,8 @@ async def run_policy(
         record_cached_tokens=sum(r.cached_tokens or 0 for r in counted),
         upstream_series=[(r.received_at, r.upstream, str(r.outcome), r.total_ms or 0.0) for r in reached],
         decode_ms_per_token=ms_per_token(_delta(before, after, "tokens_predicted_seconds_total"), predicted),
+        draft_n=sum(r.draft_n or 0 for r in drafted) if drafted else None,
+        draft_n_accepted=sum(r.draft_n_accepted or 0 for r in drafted) if drafted else None,
     )  # fmt: skip
 
 
