@@ -50,6 +50,8 @@ DOCTOR_READS = (
     "vram_peak_mib",
     "wake_ms",
     "error",
+    "draft_n",
+    "draft_n_accepted",
 )
 PAGES = web.AppKey("pages", dict[str, int])  # "open": event streams open now; "closing": 1 once shutting down
 

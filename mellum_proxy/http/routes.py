@@ -151,6 +151,7 @@ def status_body(app: web.Application) -> dict[str, Any]:
             for r in recent
         ],
         "vram": vram_status(gpu),
+        "speculation": speculation_status(records),
         "logs": [
             {
                 "path": str(sink.path),
@@ -163,6 +164,17 @@ def status_body(app: web.Application) -> dict[str, Any]:
             for sink in app[TELEMETRY].sinks()
         ],
     }
+
+
+def speculation_status(records: Iterable[RequestRecord]) -> dict[str, Any] | None:
+    """What the server's speculation drafted for the kept requests and the model accepted (None: it drafted
+    nothing, or does not speculate)."""
+    drafted = accepted = 0
+    for record in records:
+        if record.draft_n:
+            drafted += record.draft_n
+            accepted += record.draft_n_accepted or 0
+    return {"drafted": drafted, "accepted": accepted, "acceptance": accepted / drafted} if drafted else None
 
 
 def recent_queue_ms(records: Iterable[RequestRecord]) -> list[float]:

@@ -82,6 +82,18 @@ def diagnose(records: list[dict[str, Any]], probe: tuple[float | None, float | N
             "--keep-alive, vLLM's sleep mode), or a timeout_ms that covers its load",
             "evidence": [*evidence, f"{woken} of the {failures} failed or timed-out requests waited for a wake"],
         }  # fmt: skip
+    decoding = sum(r.get("outcome") == "timeout" and r.get("ttft_ms") is not None for r in reached)
+    if decoding >= MIN_FAILURES and decoding * 2 >= failures:  # the first token came in time, the rest did not
+        drafted = sum(r.get("draft_n") or 0 for r in reached)
+        speculation = (f"; the server speculates already ({sum(r.get('draft_n_accepted') or 0 for r in reached)} of "
+                       f"{drafted} drafted tokens accepted)" if drafted else "")  # fmt: skip
+        return {
+            "verdict": "completions time out while decoding: their first token came in time, the rest did not",
+            "knob": "decode speed: the server's self-speculation (measured on your typing by `fit --spec`; "
+            "embedded_spec, llama.cpp --spec-type), or a lower max_tokens",
+            "evidence": [*evidence, f"{decoding} of the {failures} failed or timed-out requests had their first "
+                         f"token and ended at the deadline while decoding{speculation}"],
+        }  # fmt: skip
     for key, what, verdict, knob in (
         ("prompt_tokens_before", "prompts over {:g} tokens", "fails only on long inputs",
          "default context (max_context_tokens), then batch"),

@@ -151,6 +151,8 @@ function showState(state) {
   const counts = [["in flight", state.inflight], ["queued", state.queued], ["held (debounce)", state.debouncing],
     ["sessions", Object.keys(state.sessions ?? {}).length], ["chat / agents in flight", bulk.inflight],
     ["chat / agents waiting", bulk.queued]];
+  if (state.speculation) counts.push([`draft acceptance (${state.speculation.accepted} of ${state.speculation.drafted})`,
+    `${Math.round(state.speculation.acceptance * 100)} %`]);
   document.getElementById("counts").replaceChildren(...counts.map(([label, value]) => el("div", {}, el("b", {}, value ?? 0), label)));
   const settings = state.settings ?? {};
   document.querySelector("#policies tbody").replaceChildren(...POLICY_KEYS.filter((key) => key in settings)

@@ -34,6 +34,8 @@ async def test_a_speculating_server_says_what_it_drafted_and_the_record_keeps_it
     assert float(drafted.split()[1]) > 0
     status = await (await proxy.get("/status")).json()
     assert status["settings"]["embedded_spec"] == "ngram-mod" and status["settings"]["embedded_cache_reuse"] == 256
+    said = status["speculation"]  # the live page shows it among its counts
+    assert said["drafted"] > 0 and 0 <= said["acceptance"] <= 1
     ready = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready in")]
     assert ready and "speculation ngram-mod, cache reuse 256" in ready[0]
 

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.responder import Responder, answering, routes
+from mellum_proxy.bench.doubles.responder import answering, routes
 from mellum_proxy.models import Outcome
 from tests.browser import chromium, chromium_binary
 from tests.conftest import ProxyFactory
@@ -31,11 +31,14 @@ def chat_server(held: list[int], completion: Handler | None = None) -> web.Appli
     """Completions answer at once (or as `completion` does); a chat streams a sentence; `/slots` says the server
     holds `held[0]` requests."""
 
-    async def answer_at_once(request: web.Request) -> web.StreamResponse:
-        payload = await request.json()
-        answer = Responder(request, payload, "c1", "m")
-        await answer.write("t0 ")
-        return await answer.finish("length", {"prompt_tokens": 3, "completion_tokens": 1})
+    async def answer_at_once(request: web.Request) -> web.StreamResponse:  # a speculating llama.cpp's answer
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"text": "t0 ", "index": 0, "finish_reason": "length"}], '
+                             b'"usage": {"prompt_tokens": 3, "completion_tokens": 1}, '
+                             b'"timings": {"draft_n": 4, "draft_n_accepted": 3}}\n\ndata: [DONE]\n\n')  # fmt: skip
+        await response.write_eof()
+        return response
 
     async def chat(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -78,6 +81,8 @@ async def test_chats_have_their_own_lane_and_the_page_reads_whole_at_1000px(
                                       ".map((t) => t.textContent)")  # fmt: skip
         named = {name for legend in legends for name in legend.split("/")}
         assert named == {str(outcome) for outcome in Outcome}, legends  # every outcome, and only outcomes
+        counts = await page.until("document.getElementById('counts').textContent", 5)
+        assert "75 %draft acceptance (3 of 4)" in counts  # the server's speculation, from its own timings
         broken = await page.evaluate("""[...document.querySelectorAll('#upstreams tbody td, #counts b, #chats td')]
             .flatMap((cell) => { const texts = [], walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
                                  while (walk.nextNode()) texts.push(walk.currentNode); return texts; })

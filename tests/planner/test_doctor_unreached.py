@@ -66,3 +66,15 @@ async def test_the_pages_explain_and_doctor_give_one_verdict(
     said = diagnose(records)
     assert (explained["verdict"], explained["knob"]) == (said["verdict"], said["knob"])
     assert said["verdict"] == "the server was never reached"
+
+
+def test_completions_that_time_out_while_decoding_point_at_speculation() -> None:
+    """The first token in time, then the deadline during the decode: the knob is the decode speed."""
+    typing = [{"outcome": "ok", "reached_upstream": True, "ttft_ms": 80.0}] * 30
+    decoding = [{"outcome": "timeout", "reached_upstream": True, "ttft_ms": 120.0, "draft_n": 10,
+                 "draft_n_accepted": 4}] * 5  # fmt: skip
+    verdict = diagnose(typing + decoding)
+    assert verdict["verdict"].startswith("completions time out while decoding")
+    assert "fit --spec" in verdict["knob"] and "(20 of 50 drafted tokens accepted)" in verdict["evidence"][-1]
+    before_first_token = [{"outcome": "timeout", "reached_upstream": True, "ttft_ms": None}] * 5
+    assert "decoding" not in diagnose(typing + before_first_token)["verdict"]
