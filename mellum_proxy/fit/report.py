@@ -168,7 +168,9 @@ def plot(report: dict[str, Any], path: Path) -> bool:
         return False
     rows = report["candidates"]
     names = [m["name"] for m in rows]
-    fig, (mem, ttft) = plt.subplots(1, 2, figsize=(12, 4.5))
+    speed = (report.get("speed") or {}).get("candidates") or []
+    fig, axes = plt.subplots(1, 3 if speed else 2, figsize=(18 if speed else 12, 4.5))
+    mem, ttft = axes[0], axes[1]
     x = range(len(rows))
     for offset, side in ((-0.2, "paper_gib"), (0.2, "measured_gib")):
         bottom = [0.0] * len(rows)
@@ -187,7 +189,22 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     ttft.set_ylabel("ms")
     ttft.set_title("first token, at the candidate's batch")
     ttft.legend(fontsize=7)
+    if speed:
+        _speed_panel(axes[2], speed)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _speed_panel(axis: Any, speed: list[dict[str, Any]]) -> None:
+    """First text p50 and p95 per speed candidate, on the person's typing (`fit --spec`, `--cache-reuse`)."""
+    labels = [f"{run['spec']}\nreuse {run['cache_reuse']}" + (f" #{run['turn']}" if run["turn"] > 1 else "")
+              for run in speed]  # fmt: skip
+    x = range(len(speed))
+    for offset, key in ((-0.2, "p50"), (0.2, "p95")):
+        axis.bar([i + offset for i in x], [run["first_text_ms"][key] or 0.0 for run in speed], 0.38, label=key)
+    axis.set_xticks(list(x), labels, fontsize=7)
+    axis.set_ylabel("ms")
+    axis.set_title("first text after a pause, on the typing (speed candidates)")
+    axis.legend(fontsize=7)
