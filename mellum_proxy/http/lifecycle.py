@@ -163,9 +163,7 @@ def ready_block(app: web.Application) -> str:
     if EMBEDDED in app and discovery.upstream.base_url == app[EMBEDDED].url:
         embedded = app[EMBEDDED]
         upstream += f" (embedded llama.cpp, {embedded.threads} thread{'s' if embedded.threads > 1 else ''}"
-        upstream += f", speculation {embedded.spec}" if embedded.spec != "none" else ""
-        upstream += f", cache reuse {embedded.cache_reuse}" if embedded.cache_reuse else ""
-        upstream += ")"
+        upstream += f", speculation {embedded.spec}, cache reuse {embedded.cache_reuse})"
     found = discovery.found.describe() if discovery.found else "not reachable yet"
     context = f"{view.context_tokens} tokens a request"
     if view.context_tokens < view.configured_context_tokens:
