@@ -120,15 +120,11 @@ async def read_sse(body: AsyncIterable[bytes]) -> AsyncIterator[list[Chunk]]:
         yield batch
 
 
+# An event that holds this is only text on its way: its choice has no finish reason (nor is it an error report,
+# which has no choice). One byte scan, and an exact one: a key's quoted name cannot occur inside a JSON string,
+# whose quotes are escaped. Usage or timings such an event may carry are repeated by the event that ends the
+# stream, which is always parsed.
 PLAIN = b'"finish_reason":null'
-
-
-def is_plain(data: bytes) -> bool:
-    """Whether an event is only text on its way: its choice has no finish reason (nor is it an error
-    report, which has no choice). One byte scan, and an exact one: a key's quoted name cannot occur
-    inside a JSON string, whose quotes are escaped. Usage or timings such an event may carry are
-    repeated by the event that ends the stream, which is always parsed."""
-    return PLAIN in data
 
 
 def _chunks(events: list[bytes], first: bool) -> tuple[list[Chunk], bool]:
