@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +306,22 @@ def run_doctor(args: argparse.Namespace) -> None:
         print(f"  - {line}")
 
 
+async def _speculating(model: Path | None, spec: str = "ngram-mod") -> dict[str, Any]:
+    """The embedded server again with self-speculation: its decode, beside the profile's (`profile --upstream
+    embedded`; another server's speculation is its own to switch, and `fit --spec` measures it)."""
+    import asyncio
+
+    from mellum_proxy.planner.profile import decode_with
+    from mellum_proxy.upstream.embedded import EmbeddedServer
+
+    server = EmbeddedServer(model, ctx_tokens=4096 if model is None else 8192, slots=2, spec=spec)
+    url = await asyncio.to_thread(server.start)
+    try:
+        return await decode_with(url, spec, print)
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
 def run_profile(args: argparse.Namespace) -> None:
     import asyncio
 
@@ -327,9 +344,10 @@ def run_profile(args: argparse.Namespace) -> None:
         try:
             served = "gemma-3-270m Q4_K_M" if args.model is None else args.model.name
             name = args.name or f"embedded llama.cpp ({served}, 2 slots, CPU)"
-            return await profile(url, name, print, shown_as="embedded")
+            measured = await profile(url, name, print, shown_as="embedded")
         finally:
             await asyncio.to_thread(server.stop)
+        return replace(measured, speculation=await _speculating(args.model))
 
     try:
         measured = asyncio.run(measure())

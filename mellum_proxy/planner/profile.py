@@ -71,6 +71,8 @@ class Profile(ServerProfile):
     disconnect_stops_decode: bool | None = None
     disconnect_stops_prefill: bool | None = None
     took_s: float = 0.0
+    draft_acceptance: float | None = None  # the server speculates: what its long decodes drafted, accepted
+    speculation: dict[str, Any] | None = None  # the embedded server again with self-speculation, for comparison
 
     def as_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
@@ -82,6 +84,8 @@ class Timed:
     total_s: float
     token_times: list[float]
     prompt_tokens: int | None
+    drafted: int = 0  # the server's speculation (its final timings' `draft_n`), and what was accepted
+    accepted: int = 0
 
 
 def code_text() -> str:
@@ -105,6 +109,7 @@ class Prober:
         started = time.perf_counter()
         times: list[float] = []
         prompt_tokens = None
+        drafted = accepted = 0
         async with self.session.post(self.url + "/v1/completions", json=body) as resp:
             if resp.status != 200:
                 raise ProfileError(f"/v1/completions answered {resp.status}: {(await resp.text())[:200]}")
@@ -118,11 +123,13 @@ class Prober:
                     times.append(time.perf_counter() - started)
                     if leave_after is not None and len(times) >= leave_after:
                         break
-                usage = event.get("usage")
+                usage, timings = event.get("usage"), event.get("timings")
                 if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
                     prompt_tokens = usage["prompt_tokens"]
+                if isinstance(timings, dict) and type(timings.get("draft_n")) is int:
+                    drafted, accepted = timings["draft_n"], int(timings.get("draft_n_accepted") or 0)
         total = time.perf_counter() - started
-        return Timed(times[0] if times else total, total, times, prompt_tokens)
+        return Timed(times[0] if times else total, total, times, prompt_tokens, drafted, accepted)
 
     async def counters(self) -> dict[str, float]:
         try:
@@ -257,6 +264,9 @@ async def profile(url: str, name: str | None = None, progress: Any = None, shown
             first, last = concurrency[0]["decode_tps_each"], concurrency[-1]
             penalty = max(0.0, (first / last["decode_tps_each"] - 1) / (last["at_once"] - 1))
         stops_decode, stops_prefill = await _disconnects(probe, code, context)
+        drafted, accepted = sum(run.drafted for run in [long, *repeats]), sum(run.accepted for run in [long, *repeats])
+        if drafted:
+            say(f"the server speculates: {accepted} of {drafted} drafted tokens accepted")
     return Profile(
         name=name or f"{found.kind or 'server'}:{found.model or url}",
         prefill_tps=prefill, decode_tps=decode, slots=slots, kv_tokens=context * slots,
@@ -266,8 +276,25 @@ async def profile(url: str, name: str | None = None, progress: Any = None, shown
         source=f"measured by `mellum-proxy profile --upstream {shown_as or url}`",
         kind=found.kind, model=found.model, context_tokens=context, ttft=ttft, concurrency=concurrency,
         disconnect_stops_decode=stops_decode, disconnect_stops_prefill=stops_prefill,
-        took_s=time.monotonic() - started,
+        took_s=time.monotonic() - started, draft_acceptance=accepted / drafted if drafted else None,
     )  # fmt: skip
+
+
+async def decode_with(url: str, spec: str, say: Any) -> dict[str, Any]:
+    """The decode rate and draft acceptance of a server started with speculation `spec` (the same long decodes as
+    `profile`'s), to set beside the profile's own."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+        found = await discover(UpstreamClient(session, url))
+        probe = Prober(session, url, found.model)
+        runs = [await probe.complete("def count():\n    ", DECODE_TOKENS) for _ in range(3)]
+    rates = [r for r in (_decode_rate(run.token_times) for run in runs) if r]
+    drafted, accepted = sum(run.drafted for run in runs), sum(run.accepted for run in runs)
+    result = {"spec": spec, "decode_tps": statistics.median(rates) if rates else None,
+              "draft_acceptance": accepted / drafted if drafted else None, "drafted": drafted}  # fmt: skip
+    say(f"with speculation {spec}: decode {result['decode_tps'] or 0:.1f} tok/s, {accepted} of {drafted} drafted "
+        "tokens accepted")  # fmt: skip
+    return result
 
 
 async def _disconnects(probe: Prober, code: str, context: int) -> tuple[bool | None, bool | None]:

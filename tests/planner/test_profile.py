@@ -10,6 +10,7 @@ import pytest
 
 from mellum_proxy.bench.doubles.sim import profile as sim_profile
 from mellum_proxy.cli import main
+from mellum_proxy.planner.cli import _speculating
 from mellum_proxy.planner.profile import _fit, profile
 
 
@@ -30,6 +31,7 @@ async def test_the_embedded_server_measured(embedded_server: Any, tmp_path: Path
     # server, the slowdown after the quiet (at least 1: a server is never taken as faster for having rested)
     assert len(measured.repeat_ms) >= 5 and len(measured.spaced_ms) >= 5
     assert measured.idle_slowdown >= 1.0 and measured.spread >= 0.0 and measured.overhead_per_token_ms >= 0.0
+    assert measured.draft_acceptance is None  # the suite's server does not speculate
     path = tmp_path / "profile.json"
     path.write_bytes(measured.as_json())
     spec = sim_profile(str(path))  # what `bench lab --profile FILE.json` takes
@@ -83,3 +85,12 @@ def test_the_spread_follows_the_slow_side_of_the_median() -> None:
     times = [*fast_side, 100.0, *slow_side]
     upper_quartile = (0.3 * 2 / 5 + 0.3 * 3 / 5) / 2  # of the logarithms: between the 8th and 9th of 11
     assert spread(times) == pytest.approx(upper_quartile / 0.6745)
+
+
+@pytest.mark.embedded
+async def test_the_embedded_servers_decode_with_speculation_is_measured_beside() -> None:
+    """`profile --upstream embedded` starts the server again with `ngram-mod` and reads its decode rate and what
+    it drafted from its own timings; a server without speculation says nothing drafted."""
+    said = await _speculating(None)
+    assert said["spec"] == "ngram-mod" and said["decode_tps"] and said["decode_tps"] > 0
+    assert said["drafted"] > 0 and 0 <= said["draft_acceptance"] <= 1
