@@ -227,7 +227,11 @@ def _editor_side(args: argparse.Namespace, choice: Choice, options: FitOptions) 
 
     print(f"editor side: profiling the chosen server ({choice.chosen.candidate.name})", flush=True)
     try:
-        measured = asyncio.run(profile_chosen(choice.chosen.candidate, options, lambda text: print(f"  {text}")))
+        measured = asyncio.run(
+            profile_chosen(
+                choice.chosen.candidate, options, lambda text: print(f"  {text}"), choice.spec, choice.cache_reuse
+            )
+        )
     except KeyboardInterrupt:
         print("fit: interrupted; the server it started is stopped, the server side is written", file=sys.stderr)
         return True

@@ -14,12 +14,13 @@ from mellum_proxy.fit.measure import FitOptions
 from mellum_proxy.urls import free_port
 
 
-async def profile_chosen(candidate: Candidate, options: FitOptions, say: Callable[[str], None]) -> Any:
-    """The chosen candidate's server started again and profiled, then stopped."""
+async def profile_chosen(candidate: Candidate, options: FitOptions, say: Callable[[str], None], spec: str = "none",
+                         cache_reuse: int = 0) -> Any:  # fmt: skip
+    """The chosen candidate's server (with the chosen speed knobs) started again and profiled, then stopped."""
     from mellum_proxy.planner.profile import profile
 
     port = free_port()
-    server = await start(command_for(candidate, options.server_cmd, port, options.threads), port,
+    server = await start(command_for(candidate, options.server_cmd, port, options.threads, spec, cache_reuse), port,
                          options.load_timeout_s)  # fmt: skip
     try:
         return await profile(server.url, f"fit's choice: {candidate.name}", say, shown_as="fit's choice")

@@ -151,7 +151,8 @@ def speed_table(speed: dict[str, Any] | None) -> list[str]:
         coverage = "-" if run["pause_coverage"] is None else f"{run['pause_coverage']:.0%}"
         lines.append(f"| {run['spec']} | {run['cache_reuse']} | {run['turn']} | {_num(text['p50'], 0)} / "
                      f"{_num(text['p95'], 0)} | {coverage} | {_num(run['decode_tps'], 1)} | "
-                     f"{_num(run['draft_acceptance'], 2)} | {prompt['computed'] or '-'} / {prompt['cached'] or '-'} | "
+                     f"{_num(run['draft_acceptance'], 2)} of {run.get('drafted', 0)} drafted | "
+                     f"{prompt['computed'] or '-'} / {prompt['cached'] or '-'} | "
                      f"{run['failure'] or run['status']} |")  # fmt: skip
     return [*lines, "", f"Speed: {speed['why']}."]
 

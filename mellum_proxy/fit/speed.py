@@ -44,7 +44,8 @@ class SpeedRun:
     first_text_p95_ms: float | None = None
     pause_coverage: float | None = None
     decode_tps: float | None = None
-    draft_acceptance: float | None = None  # None: nothing drafted (no speculation)
+    draft_acceptance: float | None = None  # None: nothing drafted (no speculation, or no n-gram to draft from)
+    drafted: int = 0  # tokens the server drafted, over the replay's finished completions and the probes
     prompt_computed: int | None = None
     prompt_cached: int | None = None
 
@@ -58,7 +59,7 @@ class SpeedRun:
                 "failure": self.failure,
                 "first_text_ms": {"p50": self.first_text_p50_ms, "p95": self.first_text_p95_ms},
                 "pause_coverage": self.pause_coverage, "decode_tps": self.decode_tps,
-                "draft_acceptance": self.draft_acceptance,
+                "draft_acceptance": self.draft_acceptance, "drafted": self.drafted,
                 "prompt_tokens": {"computed": self.prompt_computed, "cached": self.prompt_cached}}  # fmt: skip
 
 
@@ -178,7 +179,7 @@ def _run(spec: str, reuse: int, turn: int, result: Any, probed: dict[str, float]
     return SpeedRun(
         spec, reuse, turn, first_text_p50_ms=result.latency_p50_ms, first_text_p95_ms=result.latency_p95_ms,
         pause_coverage=result.pause_coverage, decode_tps=decode,
-        draft_acceptance=accepted / drafted if drafted else None,
+        draft_acceptance=accepted / drafted if drafted else None, drafted=int(drafted),
         prompt_computed=result.record_prompt_tokens - result.record_cached_tokens,
         prompt_cached=result.record_cached_tokens,
     )  # fmt: skip
