@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -49,3 +50,19 @@ async def dialect_text(resp: aiohttp.ClientResponse, dialect: str, stream: bool)
         return "".join(p["choices"][0]["text"] for p in payloads)
     assert payloads[-1]["stop"] is True
     return "".join(p["content"] for p in payloads)
+
+
+async def page_state(proxy: Any, key: str, timeout_s: float = 10.0) -> Any:
+    """The first value of `key` that is not null in the live page's state events (`/ui/events` of `proxy`, a
+    test client)."""
+    stream = await proxy.get("/ui/events")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for line in stream.content:
+                if line.startswith(b"data: {") and f'"{key}"'.encode() in line:
+                    value = orjson.loads(line[6:]).get(key)
+                    if value is not None:
+                        return value
+    finally:
+        stream.close()
+    raise AssertionError(f"the page's stream ended without '{key}'")

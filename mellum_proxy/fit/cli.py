@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,24 +24,19 @@ from mellum_proxy.planner.cli import _ints
 from mellum_proxy.planner.inspect import InspectError, ModelInfo, inspect_path
 from mellum_proxy.planner.kvcache import KV_BYTES
 from mellum_proxy.planner.sweep import BACKEND_OVERHEAD_GIB, SweepSpec
+from mellum_proxy.upstream.embedded import SPEC_TYPES
 
 
-def _kv_types(text: str) -> tuple[str, ...]:
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [name for name in names if name not in KV_BYTES]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"expected KV cache types from {', '.join(KV_BYTES)}, got '{text}'")
-    return names
+def _names(known: tuple[str, ...] | dict[str, Any], what: str) -> Callable[[str], tuple[str, ...]]:
+    """An argparse `type`: a comma-separated list of `known` names (`what` says what they are)."""
 
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(part.strip() for part in text.split(",") if part.strip())
+        if not names or any(name not in known for name in names):
+            raise argparse.ArgumentTypeError(f"expected {what} from {', '.join(known)}, got '{text}'")
+        return names
 
-def _specs(text: str) -> tuple[str, ...]:
-    from mellum_proxy.upstream.embedded import SPEC_TYPES
-
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [name for name in names if name not in SPEC_TYPES]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"expected speculation types from {', '.join(SPEC_TYPES)}, got '{text}'")
-    return names
+    return parse
 
 
 def add_commands(commands: Any) -> None:
@@ -56,7 +52,12 @@ def add_commands(commands: Any) -> None:
     fit.add_argument("--context", type=POSITIVE, required=True, help="the context the work needs (tokens a request)")
     fit.add_argument("--contexts", type=_ints, help="contexts to weigh [default: --context and twice it]")
     fit.add_argument("--batches", type=_ints, default=(1, 2, 4), help="batches to weigh [default: 1,2,4]")
-    fit.add_argument("--kv-types", type=_kv_types, default=("f16",), help="KV cache types to weigh [default: f16]")
+    fit.add_argument(
+        "--kv-types",
+        type=_names(KV_BYTES, "KV cache types"),
+        default=("f16",),
+        help="KV cache types to weigh [default: f16]",
+    )
     fit.add_argument("--candidates", type=POSITIVE, default=3, help="how many to measure [default: 3]")
     fit.add_argument("--margin", type=real(0, 0.9), default=0.25, help="headroom to keep [default: 0.25]")
     fit.add_argument("--target-util", type=real(0, 1, above=True), default=0.85, help="[default: 0.85]")
@@ -76,7 +77,7 @@ def add_commands(commands: Any) -> None:
                      help="then the editor side: your typing (a trace, `serve --record` file or request log), "
                           "replayed by `tune` on the chosen server's profile; again for another")  # fmt: skip
     fit.add_argument("--limit-events", type=POSITIVE, default=1500, help="edits of each --trace [default: 1500]")
-    fit.add_argument("--spec", type=_specs, default=(),
+    fit.add_argument("--spec", type=_names(SPEC_TYPES, "speculation types"), default=(),
                      help="then the speed candidates: self-speculation types to measure on your typing at the "
                           "chosen context and batch, e.g. none,ngram-simple,ngram-mod (the first --trace, or the "
                           "shipped one)")  # fmt: skip
@@ -291,8 +292,8 @@ def _write(args: argparse.Namespace, spec: SweepSpec, measured: list[Measurement
         (args.out / "fit.md").write_text(render(report, choice))
         drawn = plot(report, args.out / "fit.png")
         (args.out / "logs").mkdir(exist_ok=True)
-        for number, run in enumerate(measured, 1):  # each server's own words: what the report quotes
-            (args.out / "logs" / f"candidate-{number}.log").write_text(run.log)
+        for number, run in enumerate(measured, 1):  # each server's own words (the home folder as ~)
+            (args.out / "logs" / f"candidate-{number}.log").write_text(run.log.replace(str(Path.home()), "~"))
         if choice is not None:
             warning = f"# PARTIAL: fit was {partial}; rerun it to measure the rest\n" if partial else ""
             (args.out / "defaults.env").write_text(warning + choice.env())

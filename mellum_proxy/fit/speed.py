@@ -157,17 +157,14 @@ async def _probe(url: str, events: list[Any]) -> dict[str, float]:
 
 
 def final_text(events: list[Any]) -> str:
-    """The text before the cursor after the last event: the last file's text with every edit applied."""
-    texts: dict[str, str] = {}
-    cursor, last = 0, ""
+    """The text before the cursor after the last event (`Documents`: the trace's files as edited)."""
+    from mellum_proxy.bench.workloads.trace import Documents
+
+    documents = Documents()
     for event in events:
-        if hasattr(event, "text"):  # an Open
-            texts[event.file], cursor, last = event.text, 0, event.file
-            continue
-        text = texts.get(event.file, "")
-        texts[event.file] = text[: event.offset] + event.insert + text[event.offset + event.delete :]
-        cursor, last = event.offset + len(event.insert), event.file
-    return texts.get(last, "")[:cursor]
+        documents.apply(event)
+    last = events[-1].file if events else ""
+    return documents.texts.get(last, "")[: documents.cursor.get(last, 0)]
 
 
 def _run(spec: str, reuse: int, turn: int, result: Any, probed: dict[str, float]) -> SpeedRun:

@@ -11,13 +11,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-import orjson
 import pytest
 from aiohttp import web
 
 from mellum_proxy.http import RECORDS, UPSTREAMS
 from tests.browser import chromium, chromium_binary
 from tests.conftest import ProxyFactory
+from tests.sse import page_state
 
 CHROMIUM = chromium_binary()
 ARTIFACTS = Path(os.environ.get("MELLUM_PROXY_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
@@ -164,15 +164,8 @@ async def test_the_page_warns_while_completions_keep_ending_at_the_deadline(
     proxy = await make_proxy(upstream=url, debounce_ms=0, timeout_ms=100)
     for number in range(3):  # three in a row end at the deadline before their first token
         await (await proxy.post("/v1/completions", json={"prompt": f"x{number}"})).json()
-    stream = await proxy.get("/ui/events")
-    warning = None
-    async with asyncio.timeout(10):
-        while warning is None:
-            line = await stream.content.readline()
-            if line.startswith(b"data: {") and b'"warning"' in line:
-                warning = orjson.loads(line[6:])["warning"]
+    warning = await page_state(proxy, "warning")
     assert warning.startswith("completions show nothing: 3 in a row ended at the deadline (timeout_ms=100)")
-    stream.close()
 
 
 async def test_live_pages_have_a_limit_of_their_own_and_a_stalled_one_is_let_go(

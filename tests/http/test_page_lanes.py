@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from aiohttp import web
 
@@ -18,6 +17,7 @@ from mellum_proxy.bench.doubles.responder import answering, routes
 from mellum_proxy.models import Outcome
 from tests.browser import chromium, chromium_binary
 from tests.conftest import ProxyFactory
+from tests.sse import page_state
 
 CHROMIUM = chromium_binary()
 ARTIFACTS = Path(os.environ.get("MELLUM_PROXY_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
@@ -119,13 +119,6 @@ async def test_the_warning_names_traffic_the_proxy_did_not_send(make_proxy: Prox
     proxy = await make_proxy(upstream=str(upstream.make_url("")), tokenizer="chars", timeout_ms=100, reuse=False)
     for number in range(3):
         await (await proxy.post("/v1/completions", json={"prompt": f"x{number}"})).json()
-    stream = await proxy.get("/ui/events")
-    warning = None
-    async with asyncio.timeout(10):
-        while warning is None:
-            line = await stream.content.readline()
-            if line.startswith(b"data: {") and b'"warning"' in line:
-                warning = orjson.loads(line[6:])["warning"]
-    stream.close()
+    warning = await page_state(proxy, "warning")
     assert warning.startswith("completions show nothing: 3 in a row")
     assert "the server holds 2 request(s) beyond those the proxy has running there" in warning

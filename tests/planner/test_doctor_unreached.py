@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from mellum_proxy.http import RECORDS
 from mellum_proxy.planner.doctor import diagnose
 from mellum_proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
+from tests.sse import page_state
 
 
 async def test_refused_requests_point_at_the_address(make_proxy: ProxyFactory, unused_tcp_port: int) -> None:
@@ -53,14 +51,7 @@ async def test_the_pages_explain_and_doctor_give_one_verdict(
     proxy = await make_proxy(upstream=f"http://127.0.0.1:{unused_tcp_port}", tokenizer="chars", reuse=False, log=log)
     for i in range(6):
         assert (await proxy.post("/v1/completions", json={"prompt": f"def f{i}("})).status == 502
-    stream = await proxy.get("/ui/events")
-    explained = None
-    async with asyncio.timeout(10):
-        while explained is None:
-            line = await stream.content.readline()
-            if line.startswith(b"data: {") and b'"explain"' in line:
-                explained = orjson.loads(line[6:])["explain"]
-    stream.close()
+    explained = await page_state(proxy, "explain")
     await proxy.close()  # the log is written through
     records, _ = read_log(log)
     said = diagnose(records)

@@ -44,6 +44,8 @@ def test_fit_measures_the_candidates_and_writes_what_serve_reads(tmp_path: Path)
     settings = load_settings({"embedded": True}, tmp_path / "config.toml")
     assert (settings.max_context_tokens, settings.embedded_ctx_tokens, settings.embedded_slots) == (256, 256, 1)
     assert "paper" in (tmp_path / "fit.md").read_text() and (tmp_path / "fit.png").stat().st_size > 0
+    log = (tmp_path / "logs" / "candidate-1.log").read_text()
+    assert "load_model" in log and str(Path.home()) not in log  # the packaged model's path, home as ~
 
 
 def test_a_candidate_that_cannot_load_is_a_measured_failure() -> None:
@@ -58,11 +60,7 @@ def test_a_candidate_that_cannot_load_is_a_measured_failure() -> None:
 
 
 def test_ctrl_c_stops_the_server_fit_started_and_keeps_what_was_measured(tmp_path: Path) -> None:
-    fit = subprocess.Popen(
-        [sys.executable, "-m", "mellum_proxy", "fit", "--embedded", "--gpu-gib", "2", "--context", "256",
-         "--contexts", "256,512", "--batches", "1", "--quality-tasks", "0", "--idle-s", "600", "--out", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    fit = _fit_in_a_process(tmp_path, idle_s=600)
     assert fit.stdout is not None
     for line in fit.stdout:  # the first candidate's server is up and idling
         if "loaded in" in line:
@@ -83,11 +81,7 @@ def test_ctrl_c_stops_the_server_fit_started_and_keeps_what_was_measured(tmp_pat
 def test_sigterm_or_sighup_stop_fit_as_ctrl_c_does_and_mark_the_run_partial(tmp_path: Path, signum: int) -> None:
     """A `timeout`, a closed terminal or `kill`, after one candidate finished: no server left, the finished one
     written, and every file says the run is partial (no "next" line to serve with it)."""
-    fit = subprocess.Popen(
-        [sys.executable, "-m", "mellum_proxy", "fit", "--embedded", "--gpu-gib", "2", "--context", "256",
-         "--contexts", "256,512", "--batches", "1", "--quality-tasks", "0", "--idle-s", "0", "--out", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    fit = _fit_in_a_process(tmp_path, idle_s=0)
     assert fit.stdout is not None
     second = False
     for line in fit.stdout:  # the second candidate's server is up: the first is measured
@@ -120,6 +114,15 @@ def test_a_speculation_candidates_draft_acceptance_is_the_servers_own() -> None:
     assert runs[0].ok, said
     assert runs[0].draft_acceptance is not None and 0 <= runs[0].draft_acceptance <= 1
     assert runs[0].decode_tps and runs[0].first_text_p95_ms is not None
+
+
+def _fit_in_a_process(out: Path, idle_s: int) -> subprocess.Popen[str]:
+    """`fit --embedded` over two contexts as a user runs it, its output read line by line."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "mellum_proxy", "fit", "--embedded", "--gpu-gib", "2", "--context", "256",
+         "--contexts", "256,512", "--batches", "1", "--quality-tasks", "0", "--idle-s", str(idle_s), "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
 
 
 def _zombie(pid: int) -> bool:
