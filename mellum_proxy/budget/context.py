@@ -10,11 +10,14 @@ inside, at a token boundary (never inside a character or a special token).
 The work per keystroke is small and does not grow with the file:
 - each side is pre-cut by characters before it is split into lines (the far text is never touched);
 - lines are counted from `LineCounts`, the token counts of lines seen in earlier prompts (consecutive
-  keystrokes change one line); a side with many unseen lines is tokenized once, a few unseen lines
-  are estimated on the safe side;
-- the rendered prompt is measured once, exactly (`TokenCounter.measure`): that proves it fits, and
-  teaches `LineCounts` the lines it holds. It is shrunk and measured again only when it does not fit.
-With the upstream's `/tokenize` that is one round trip per completion; with a local tokenizer, none.
+  keystrokes change one line); a few unseen lines are estimated on the safe side;
+- the rendered prompt is measured once, exactly (`TokenCounter.measure`): that proves it fits, and its
+  token offsets count every line it holds (`LineCounts` learns them). A prompt over the budget is cut by
+  those counts, with `EDGE_TOKENS` at each edge the cut moves, and not measured again. A cold document (many
+  unseen lines, or a file the template's own tokens were never counted with) measures all that could fit.
+With the upstream's `/tokenize` that is one round trip per completion, a cold one included (template `none`
+sends the suffix as a field of its own, which the server tokenizes apart: one more); with a local tokenizer,
+none.
 
 A prompt whose UTF-8 length (plus `SLACK_TOKENS`) is within the budget fits whatever the tokenizer,
 so it is sent whole and not counted (the record's `tokenizer` says `bytes`, its token fields hold that
@@ -23,11 +26,13 @@ upper bound).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 from dataclasses import dataclass
 
-from mellum_proxy.budget.lines import LineCounts, Side, count_lines, estimate_total, head, learn, precut, tail
+from mellum_proxy.budget.lines import LineCounts, Side, estimate_total, head, kept_tokens, measured_side, precut, tail
+from mellum_proxy.budget.rendering import SLACK_TOKENS, context_files, fits_by_length, render, render_spans, split
 from mellum_proxy.budget.templates import PREFIX_ONLY, FimParts, FimTemplate, parse_any
 from mellum_proxy.budget.tokenizers import CharsEstimator, NoPiecesError, TokenCounter
 from mellum_proxy.errors import UpstreamError
@@ -37,9 +42,9 @@ log = logging.getLogger("mellum_proxy.budget")
 
 PRECUT_CHARS_PER_TOKEN = 6  # code averages 3-4 characters a token; text beyond this is never looked at
 MAX_SHRINK_ROUNDS = 8
-SLACK_TOKENS = 8  # what a server may add to a prompt's own tokens (BOS, EOS, a leading space, FIM markers)
 BOUND_METHOD = "bytes"  # the record's `tokenizer` when the prompt fitted by its length, uncounted
-COLD_LINES = 4  # more unseen lines than this on one side: tokenize the side instead of estimating
+COLD_LINES = 4  # more unseen lines than this on one side: measure all that could fit instead of estimating
+EDGE_TOKENS = 2  # a cut line may tokenize apart from where it was counted, at each edge the cut moves
 REFIT_SQUEEZE = 0.9  # of the budget, times planned / counted, for a prompt the server refused as too long
 SHRINK_MARGIN = 0.95  # a prompt counted over its budget by a server whose token starts are unknown shrinks a bit more
 
@@ -57,6 +62,18 @@ class BudgetSettings:
     def of(cls, section: object) -> BudgetSettings:
         """From the budget's section, each field from the one of its name (no mapping to keep in step)."""
         return cls(**{spec.name: getattr(section, spec.name) for spec in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    """A fitted prompt, the parts it kept, and its tokens before and after."""
+
+    prompt: str
+    prefix: str
+    suffix: str
+    context: str
+    tokens_before: int
+    tokens: int
 
 
 class ContextBudget:
@@ -141,7 +158,7 @@ class ContextBudget:
             )  # fmt: skip
         prompt_budget = max(1, int((context_limit - max_tokens) * squeeze))
         parts, template, suffix_field = self._parts(request)
-        small = _fits_by_length(template, parts, prompt_budget, suffix_field)
+        small = fits_by_length(template, parts, prompt_budget, suffix_field)
         if small is not None:
             prompt, bound = small
             return BudgetedPrompt(
@@ -149,52 +166,109 @@ class ContextBudget:
                 stops=self._stops(template), tokens_before=bound, tokens_after=bound, truncated=False,
                 method=BOUND_METHOD, context_tokens=context_limit,
             )  # fmt: skip
+        fit = self._measured_once if counter.exact else self._measured_until_fits
+        done = await fit(parts, template, prompt_budget, counter, lines)
+        return BudgetedPrompt(
+            prompt=done.prompt,
+            suffix=done.suffix if suffix_field else None,
+            max_tokens=max_tokens,
+            stops=self._stops(template),
+            tokens_before=max(done.tokens_before, done.tokens),
+            tokens_after=done.tokens,
+            truncated=(done.prefix, done.suffix, done.context) != (parts.prefix, parts.suffix, parts.context),
+            method=counter.method,
+            context_tokens=context_limit,
+        )
+
+    async def _measured_once(
+        self, parts: FimParts, template: FimTemplate | None, budget: int, counter: TokenCounter, known: LineCounts
+    ) -> Fitted:
+        """Fit with one measurement (one `/tokenize` with the server's tokenizer). It proves the prompt fits, or
+        its token offsets count every line the prompt holds, and the prompt is cut by those counts, with
+        `EDGE_TOKENS` at each edge the cut moves, and not measured again. A cold document (many lines never
+        counted, or a file new to the template's own count) measures all that could possibly fit."""
+        settings, step = self.settings, self.settings.step_lines
+        key = (counter.method, template.name if template else None, parts.path)
+        own = self._overheads.get(key)
+        p_most, s_most = split(budget, settings.prefix_ratio, len(parts.prefix), len(parts.suffix))
+        prefix, p_unseen = self._known_side(parts.prefix, p_most, known, from_end=True)
+        suffix, s_unseen = self._known_side(parts.suffix, s_most, known, from_end=False)
+        if own is None or max(p_unseen, s_unseen) > COLD_LINES:
+            kept_prefix, kept_suffix = "".join(prefix.lines), "".join(suffix.lines)
+        else:
+            p_budget, s_budget = split(max(0, budget - own), settings.prefix_ratio, prefix.tokens, suffix.tokens)
+            kept_prefix = await tail(prefix, p_budget, step, template, counter)
+            kept_suffix = await head(suffix, s_budget, step, template, counter)
+        context = parts.context
+        prompt, prefix_at, suffix_at = render_spans(template, FimParts(kept_prefix, kept_suffix, parts.path, context))
+        total, offsets = await counter.measure(prompt)
+        measured_prefix = measured_side(offsets, prefix_at, kept_prefix)
+        measured_suffix = measured_side(offsets, suffix_at, kept_suffix) if suffix_at >= 0 else Side([], [], 0)
+        context_tokens = bisect.bisect_left(offsets, len(context)) if context else 0  # the context comes first
+        own = total - measured_prefix.tokens - measured_suffix.tokens - context_tokens  # the template's, and BOS
+        if len(self._overheads) > 1024:
+            self._overheads.clear()
+        self._overheads[key] = own
+        if template is None and kept_suffix:  # the suffix field: the server tokenizes it apart
+            measured_suffix = measured_side(await counter.offsets(kept_suffix), 0, kept_suffix)
+            total += measured_suffix.tokens
+        for side in (measured_prefix, measured_suffix):
+            known.learn(side.lines, side.counts)
+        sides = estimate_total(_recounted(prefix, known)) + estimate_total(_recounted(suffix, known))
+        before = own + context_tokens + sides
+        if total <= budget:
+            return Fitted(prompt, kept_prefix, kept_suffix, context, before, total)
+        if context:  # other files are dropped before any line of the current one
+            context, total = "", total - context_tokens + EDGE_TOKENS
+            if total <= budget:
+                prompt = render(template, FimParts(kept_prefix, kept_suffix, parts.path))
+                if not counter.round_trip:
+                    total = (await counter.measure(prompt))[0]
+                return Fitted(prompt, kept_prefix, kept_suffix, context, before, total)
+        room = max(0, budget - own - 2 * EDGE_TOKENS)
+        p_budget, s_budget = split(room, settings.prefix_ratio, measured_prefix.tokens, measured_suffix.tokens)
+        kept_prefix = await tail(measured_prefix, p_budget, step, template, counter)
+        kept_suffix = await head(measured_suffix, s_budget, step, template, counter)
+        prompt = render(template, FimParts(kept_prefix, kept_suffix, parts.path))
+        if not counter.round_trip:  # a local tokenizer: counting again costs no request, and the record is exact
+            return Fitted(prompt, kept_prefix, kept_suffix, context, before, (await counter.measure(prompt))[0])
+        total = own + 2 * EDGE_TOKENS + kept_tokens(measured_prefix, kept_prefix, p_budget, from_end=True)
+        total += kept_tokens(measured_suffix, kept_suffix, s_budget, from_end=False)
+        return Fitted(prompt, kept_prefix, kept_suffix, context, before, total)
+
+    async def _measured_until_fits(
+        self, parts: FimParts, template: FimTemplate | None, budget: int, counter: TokenCounter, known: LineCounts
+    ) -> Fitted:
+        """Fit by an estimate of each line (`chars`, or a server that counts without saying where its tokens
+        start): each rendered prompt is measured, and shrunk until the count fits (one round for `chars`)."""
+        settings = self.settings
         overhead = await self._overhead(template, parts.path, counter)
-        available = max(0, prompt_budget - overhead)
+        available = max(0, budget - overhead)
         # The most each side could get: a token has at least one character, so characters bound the need.
-        p_most, s_most = _split(available, settings.prefix_ratio, len(parts.prefix), len(parts.suffix))
-        prefix = await self._side(parts.prefix, p_most, counter, lines, from_end=True)
-        suffix = await self._side(parts.suffix, s_most, counter, lines, from_end=False)
+        p_most, s_most = split(available, settings.prefix_ratio, len(parts.prefix), len(parts.suffix))
+        prefix = await self._side(parts.prefix, p_most, counter, from_end=True)
+        suffix = await self._side(parts.suffix, s_most, counter, from_end=False)
         tokens_before = overhead + estimate_total(prefix) + estimate_total(suffix)
-        p_budget, s_budget = _split(available, settings.prefix_ratio, prefix.tokens, suffix.tokens)
+        p_budget, s_budget = split(available, settings.prefix_ratio, prefix.tokens, suffix.tokens)
         context = parts.context
         for _ in range(MAX_SHRINK_ROUNDS):
             kept_prefix = await tail(prefix, p_budget, settings.step_lines, template, counter)
             kept_suffix = await head(suffix, s_budget, settings.step_lines, template, counter)
-            fim = FimParts(kept_prefix, kept_suffix, parts.path, context)
-            prompt, prefix_at, suffix_at = _render_spans(template, fim)
-            total, offsets = await counter.measure(prompt)
-            if counter.exact:
-                learn(lines, offsets, ((prefix_at, kept_prefix), (suffix_at, kept_suffix)))
+            prompt = render(template, FimParts(kept_prefix, kept_suffix, parts.path, context))
+            total = (await counter.measure(prompt))[0]
             if template is None and kept_suffix:
                 total += len(await counter.offsets(kept_suffix))  # the suffix field, tokenized by the server
-            if total <= prompt_budget:
+            if total <= budget:
                 break
             if context:
                 context = ""  # other files are dropped before any line of the current one
                 continue
             if not counter.exact_count:
                 break  # an estimate: nothing better to measure against
-            if counter.exact:
-                over = total - prompt_budget
-                if p_budget >= s_budget:
-                    p_budget = max(0, p_budget - over)
-                else:
-                    s_budget = max(0, s_budget - over)
-            else:  # lines are counted by an estimate: shrink both sides by what the server's count says
-                factor = SHRINK_MARGIN * max(0, prompt_budget - overhead) / max(1, total - overhead)
-                p_budget, s_budget = int(p_budget * factor), int(s_budget * factor)
-        return BudgetedPrompt(
-            prompt=prompt,
-            suffix=kept_suffix if suffix_field else None,
-            max_tokens=max_tokens,
-            stops=self._stops(template),
-            tokens_before=max(tokens_before, total),
-            tokens_after=total,
-            truncated=(kept_prefix, kept_suffix, context) != (parts.prefix, parts.suffix, parts.context),
-            method=counter.method,
-            context_tokens=context_limit,
-        )
+            # lines are counted by an estimate: shrink both sides by what the server's count says
+            factor = SHRINK_MARGIN * max(0, budget - overhead) / max(1, total - overhead)
+            p_budget, s_budget = int(p_budget * factor), int(s_budget * factor)
+        return Fitted(prompt, kept_prefix, kept_suffix, context, tokens_before, total)
 
     async def warm_up(self, request: NormalizedRequest) -> BudgetedPrompt | None:
         """What a cache-warming request (`n_predict: 0`) sends. One without text of its own (llama.vim's ring
@@ -204,7 +278,7 @@ class ContextBudget:
         if request.prefix or request.suffix:
             return await self.apply(request)  # a prompt of its own to warm: all of it
         template = self.settings.template
-        files = _context_files(template, request.context_files)
+        files = context_files(template, request.context_files)
         if template is None or not files:
             return None
         path = request.file_path if request.file_path is not None else ""
@@ -227,7 +301,7 @@ class ContextBudget:
         """The parts to fit, the template to render them with, and whether the suffix travels as a field."""
         template = self.settings.template
         if request.suffix is not None:
-            files = _context_files(template, request.context_files)
+            files = context_files(template, request.context_files)
             suffix = "" if template is PREFIX_ONLY else request.suffix  # it has no place for one
             # After other files, the edited file starts with a header of its own: its name when the client
             # said it, else an empty name, so no other file's name (or text) is taken for the edited file's.
@@ -246,71 +320,29 @@ class ContextBudget:
         if key not in self._overheads:
             if len(self._overheads) > 1024:
                 self._overheads.clear()
-            self._overheads[key] = await counter.count(_render(template, FimParts("", "", path)))
+            self._overheads[key] = await counter.count(render(template, FimParts("", "", path)))
         return self._overheads[key]
 
-    async def _side(self, text: str, budget: int, counter: TokenCounter, known: LineCounts, from_end: bool) -> Side:
-        """Pre-cut `text` on the step grid to what could possibly fit, then count tokens per line."""
+    def _known_side(self, text: str, budget: int, known: LineCounts, from_end: bool) -> tuple[Side, int]:
+        """Pre-cut `text` on the step grid to what could possibly fit; each line counted as seen before, or
+        estimated on the safe side; and how many lines were never seen."""
         lines = precut(text, max(1, budget) * PRECUT_CHARS_PER_TOKEN, self.settings.step_lines, from_end)
-        seen = [known.get(line) for line in lines]
-        unseen = [i for i, count in enumerate(seen) if count is None]
-        if len(unseen) > COLD_LINES and counter.exact:
-            counts = await count_lines(lines, counter)
-            known.learn(lines, counts)
-        else:
-            counts = [count or 0 for count in seen]
-            for i in unseen:
-                counts[i] = known.estimate(lines[i]) if counter.exact else len(await counter.offsets(lines[i]))
+        counts, unseen = [], 0
+        for line in lines:
+            count = known.get(line)
+            if count is None:
+                unseen, count = unseen + 1, known.estimate(line)
+            counts.append(count)
+        return Side(lines, counts, len(text) - sum(map(len, lines))), unseen
+
+    async def _side(self, text: str, budget: int, counter: TokenCounter, from_end: bool) -> Side:
+        """Pre-cut `text` on the step grid to what could possibly fit, each line counted by the estimate."""
+        lines = precut(text, max(1, budget) * PRECUT_CHARS_PER_TOKEN, self.settings.step_lines, from_end)
+        counts = [len(await counter.offsets(line)) for line in lines]
         return Side(lines, counts, len(text) - sum(map(len, lines)))
 
 
-def _fits_by_length(
-    template: FimTemplate | None, parts: FimParts, budget: int, suffix_field: bool
-) -> tuple[str, int] | None:
-    """The whole prompt and its token bound, when its UTF-8 length alone proves it fits.
-
-    No tokenizer makes more tokens than the text has bytes (every token covers at least one byte,
-    a special token many), plus the few the server adds (BOS, EOS, a SentencePiece space, the FIM
-    markers of template `none`): `SLACK_TOKENS`. Characters bound bytes from below, so a long prompt
-    is turned away before it is encoded.
-    """
-    room = budget - SLACK_TOKENS
-    if len(parts.prefix) + len(parts.suffix) + len(parts.context) + 64 > room:
-        return None
-    prompt = _render(template, parts)
-    size = len(prompt.encode()) + (len(parts.suffix.encode()) if suffix_field else 0)
-    if size > room:
-        return None
-    return prompt, size + SLACK_TOKENS
-
-
-def _context_files(template: FimTemplate | None, files: tuple[tuple[str, str], ...]) -> str:
-    """Other files in the template's own layout (`<filename>{path}\n{text}\n` for Mellum); templates
-    without a file header cannot carry them, so they are left out."""
-    if template is None or "{path}" not in template.header:
-        return ""
-    return "".join(template.header.replace("{path}", path) + text.rstrip("\n") + "\n" for path, text in files)
-
-
-def _render(template: FimTemplate | None, parts: FimParts) -> str:
-    return _render_spans(template, parts)[0]
-
-
-def _render_spans(template: FimTemplate | None, parts: FimParts) -> tuple[str, int, int]:
-    """The prompt, and where the prefix and the suffix start in it (-1: the suffix is not in it)."""
-    if template is None:
-        return parts.context + parts.prefix, len(parts.context), -1  # the suffix, if any, is its own field
-    return template.render_spans(parts)
-
-
-def _split(available: int, ratio: float, need_prefix: int, need_suffix: int) -> tuple[int, int]:
-    """Prefix and suffix budgets; what one side does not need goes to the other."""
-    p_share = int(available * ratio)
-    s_share = available - p_share
-    if need_prefix < p_share:
-        s_share += p_share - need_prefix
-        p_share = need_prefix
-    elif need_suffix < s_share:
-        p_share += s_share - need_suffix
-        s_share = need_suffix
-    return p_share, s_share
+def _recounted(side: Side, known: LineCounts) -> Side:
+    """`side` with each line's count as `known` has it now (a measurement taught it lines it had estimated)."""
+    counts = [known.get(line) or count for line, count in zip(side.lines, side.counts, strict=True)]
+    return Side(side.lines, counts, side.dropped_chars)

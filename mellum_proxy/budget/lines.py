@@ -65,32 +65,36 @@ class Side:
 def learn(known: LineCounts, offsets: list[int], spans: tuple[tuple[int, str], ...]) -> None:
     """Teach `known` the token count of every line of the prefix and suffix inside a measured prompt."""
     for at, text in spans:
-        if not text or at < 0:
-            continue
-        lines = text.splitlines(keepends=True)
-        starts, position = [], at
-        for line in lines:
-            starts.append(position)
-            position += len(line)
-        low, high = bisect.bisect_left(offsets, at), bisect.bisect_left(offsets, position)
-        counts = [0] * len(lines)
-        for offset in offsets[low:high]:
-            counts[bisect.bisect_right(starts, offset) - 1] += 1
-        known.learn(lines, counts)
+        if text and at >= 0:
+            side = measured_side(offsets, at, text)
+            known.learn(side.lines, side.counts)
 
 
-async def count_lines(lines: list[str], counter: TokenCounter) -> list[int]:
-    """Tokens per line, from one tokenization of the lines together."""
-    text = "".join(lines)
-    offsets = await counter.offsets(text) if text else []
-    starts, position = [], 0
+def measured_side(offsets: list[int], at: int, text: str) -> Side:
+    """`text`, found at `at` in a measured prompt whose tokens start at `offsets`: its lines, each counted as the
+    prompt's tokenization split it (a token spanning two lines counts for the first)."""
+    lines = text.splitlines(keepends=True)
+    starts, position = [], at
     for line in lines:
         starts.append(position)
         position += len(line)
+    low, high = bisect.bisect_left(offsets, at), bisect.bisect_left(offsets, position)
     counts = [0] * len(lines)
-    for offset in offsets:
+    for offset in offsets[low:high]:
         counts[bisect.bisect_right(starts, offset) - 1] += 1
-    return counts
+    return Side(lines, counts, 0)
+
+
+def kept_tokens(side: Side, kept: str, budget: int, from_end: bool) -> int:
+    """The tokens of `kept`, which `tail` (`from_end`) or `head` took from `side` within `budget`: the counts of
+    its whole lines, or `budget` for a part of one line (cut at that many tokens)."""
+    total, size, lines = 0, 0, reversed(range(len(side.lines))) if from_end else range(len(side.lines))
+    for i in lines:
+        if size + len(side.lines[i]) > len(kept):
+            break
+        size += len(side.lines[i])
+        total += side.counts[i]
+    return total if size == len(kept) else budget
 
 
 def precut(text: str, limit: int, step: int, from_end: bool) -> list[str]:

@@ -15,7 +15,8 @@ added): the budget counts tokens per line from it with one call. `count(prompt)`
 will count for a whole prompt (special tokens parsed, BOS added); `measure(prompt)` is that count and
 the prompt's token offsets from one call, so the count that proves a prompt fits also teaches the
 budget the token count of each of its lines. `exact` says the offsets are exact; `exact_count` that the
-counts are (the budget then shrinks a prompt until the server's own count fits).
+counts are (the budget then shrinks a prompt until the server's own count fits); `round_trip` that each call is
+a request to the server (the budget then measures once a completion).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class TokenCounter(Protocol):
     method: str
     exact: bool
     exact_count: bool
+    round_trip: bool
 
     async def offsets(self, text: str) -> list[int]: ...
 
@@ -65,6 +67,7 @@ class HfTokenizer:
     method = "tokenizer.json"
     exact = True
     exact_count = True
+    round_trip = False
 
     def __init__(self, path: Path | None = None, tokenizer: Any = None) -> None:
         from tokenizers import Tokenizer
@@ -112,6 +115,7 @@ class UpstreamTokenizer:
     method = "upstream"
     exact = True
     exact_count = True
+    round_trip = True
 
     def __init__(self, server: Tokenize, shape: TokenizeShape | None = None, model: str | None = None) -> None:
         self.server = server
@@ -144,10 +148,15 @@ class UpstreamTokenizer:
         """The ids the server sees for a prompt (special tokens parsed, BOS added)."""
         return self.shape.ids(await self._tokenize(prompt, special=True, pieces=False))
 
-    async def measure(self, prompt: str) -> tuple[int, list[int]]:
+    async def ready(self) -> None:
+        """Ask once what the server adds to a prompt (BOS): done where the tokenizer is chosen, not on a keystroke."""
         if self._added is None:
             self._added = await self.count("")
+
+    async def measure(self, prompt: str) -> tuple[int, list[int]]:
+        await self.ready()
         offsets = await self.offsets(prompt)
+        assert self._added is not None
         return len(offsets) + self._added, offsets
 
     def observe(self, prompt: str, prompt_tokens: int) -> None:
@@ -162,6 +171,7 @@ class CountingTokenizer:
     method = "upstream-count"
     exact = False
     exact_count = True
+    round_trip = True
 
     def __init__(self, server: UpstreamTokenizer) -> None:
         self.server = server
@@ -199,6 +209,7 @@ async def upstream_counter(server: Tokenize, model: str | None = None) -> Upstre
         tokenizer = UpstreamTokenizer(server, shape, model)
         try:
             await tokenizer.offsets(PROBE_TEXT)
+            await tokenizer.ready()
             return tokenizer
         except NoPiecesError as exc:
             try:
@@ -295,6 +306,7 @@ class CharsEstimator:
     method = "chars"
     exact = False
     exact_count = False
+    round_trip = False
 
     def __init__(self, chars_per_token: float = 3.0, margin: float = 0.1, quantile: float = 0.1) -> None:
         self.initial = chars_per_token

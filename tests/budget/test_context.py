@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mellum_proxy.budget import BUILTIN, BudgetSettings, CharsEstimator, ContextBudget, FimParts, HfTokenizer
+from mellum_proxy.budget.context import EDGE_TOKENS
 from mellum_proxy.budget.tokenizers import _char_offsets
 from mellum_proxy.models import NormalizedRequest
 from tests.conftest import corpus_texts
@@ -31,8 +32,10 @@ async def test_budget_is_never_exceeded_and_keeps_the_text_nearest_the_cursor(bp
     for cursor in sorted(rng.sample(range(len(TEXT)), 60)):
         prefix, suffix = TEXT[:cursor], TEXT[cursor:]
         out = await fit.apply(request(prefix, suffix))
-        assert await counter.count(out.prompt) + out.max_tokens <= 400  # exact
-        assert out.tokens_after == await counter.count(out.prompt)
+        counted = await counter.count(out.prompt)
+        assert counted + out.max_tokens <= 400  # exact
+        # measured, or cut after its measurement by the counts it gave: then a bound, within the edges' margin
+        assert 0 <= out.tokens_after - counted <= 4 * EDGE_TOKENS
         parts = BUILTIN["mellum"].parse(out.prompt)
         assert parts is not None
         assert prefix.endswith(parts.prefix) and suffix.startswith(parts.suffix)  # nearest text kept

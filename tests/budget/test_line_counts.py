@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mellum_proxy.budget import BUILTIN, BudgetSettings, ContextBudget, HfTokenizer, UpstreamTokenizer
+from mellum_proxy.budget.context import EDGE_TOKENS
 from mellum_proxy.models import NormalizedRequest
 from tests.conftest import corpus_texts
 
@@ -35,17 +36,43 @@ async def test_typing_costs_one_tokenize_per_keystroke_and_stays_exact(bpe_token
     exact = HfTokenizer(bpe_tokenizer)
     server = CountingServer(exact)
     settings = BudgetSettings(max_context_tokens=1024, max_tokens=32, template=BUILTIN["mellum"])
-    fit = ContextBudget(settings, UpstreamTokenizer(server))
+    upstream = UpstreamTokenizer(server)
+    await upstream.ready()  # what the server adds (BOS): asked where the tokenizer is chosen
+    fit = ContextBudget(settings, upstream)
     cursor = TEXT.index("\n", len(TEXT) // 2) + 1
-    await fit.apply(request(TEXT[:cursor], TEXT[cursor:]))  # a cold start: the sides are tokenized once
     before = server.calls
+    await fit.apply(request(TEXT[:cursor], TEXT[cursor:]))  # a cold document: all that could fit, measured once
+    assert server.calls - before == 1
     keystrokes = 60
     for n in range(1, keystrokes + 1):
+        before = server.calls
         out = await fit.apply(request(TEXT[:cursor] + "value = compute(x)"[: n % 19], TEXT[cursor:]))
-        assert await exact.count(out.prompt) + out.max_tokens <= 1024  # exact, as the server counts
-        assert out.tokens_after == await exact.count(out.prompt)
-    assert server.calls - before <= keystrokes * 1.05  # one measurement per keystroke (a rare shrink round)
+        assert server.calls - before == 1  # one measurement per keystroke, a prompt cut after it included
+        counted = await exact.count(out.prompt)
+        assert counted + out.max_tokens <= 1024  # within the budget, as the server counts
+        assert 0 <= out.tokens_after - counted <= 4 * EDGE_TOKENS  # measured, or a bound within the edges' margin
     assert len(fit.lines) > 0
+
+
+async def test_a_new_file_and_its_other_files_cost_one_tokenize(bpe_tokenizer: Path) -> None:
+    """A cold document with other files that do not fit: the template's own count, both sides' lines and the
+    other files' tokens all come from one measurement, and the cut prompt is not measured again."""
+    exact = HfTokenizer(bpe_tokenizer)
+    server = CountingServer(exact)
+    upstream = UpstreamTokenizer(server)
+    await upstream.ready()
+    fit = ContextBudget(BudgetSettings(max_context_tokens=512, max_tokens=32, template=BUILTIN["mellum"]), upstream)
+    cursor = TEXT.index("\n", len(TEXT) // 3) + 1
+    files = (("other.py", TEXT[:3000]), ("third.py", TEXT[-2000:]))
+    for path in ("a.py", "b.py", "c.py"):  # each a file the template's own tokens were never counted with
+        before = server.calls
+        one = NormalizedRequest(id="r", route="test", session="s", prefix=TEXT[:cursor], suffix=TEXT[cursor:],
+                                file_path=path, context_files=files)  # fmt: skip
+        out = await fit.apply(one)
+        assert server.calls - before == 1
+        counted = await exact.count(out.prompt)
+        assert counted + 32 <= 512 and "other.py" not in out.prompt  # the other files went first
+        assert 0 <= out.tokens_after - counted <= 4 * EDGE_TOKENS
 
 
 async def test_far_text_is_never_tokenized(bpe_tokenizer: Path) -> None:

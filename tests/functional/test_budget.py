@@ -10,6 +10,7 @@ import pytest
 
 from mellum_proxy import discovery
 from mellum_proxy.budget import local
+from mellum_proxy.budget.context import EDGE_TOKENS
 from mellum_proxy.http import PROBES, RECORDS, SERVICE
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory, corpus_texts
@@ -34,7 +35,8 @@ async def test_server_counts_no_more_than_the_budget(
     assert 284 - 60 <= usage["prompt_tokens"] <= 284  # exact; whole lines leave up to a line per side unused
     record = proxy.app[RECORDS].last()
     assert record.tokenizer == "upstream" and record.truncated is True
-    assert record.prompt_tokens_after == usage["prompt_tokens"]
+    # one /tokenize: the prompt cut after it is counted by its measurement, a bound within the edges' margin
+    assert 0 <= (record.prompt_tokens_after or 0) - usage["prompt_tokens"] <= 4 * EDGE_TOKENS
     assert (record.prompt_tokens_before or 0) > 2000
 
 
