@@ -35,7 +35,8 @@ class _Document:
     number: int
     above: str  # the text just above the cursor's line, at its last request
     below: str  # the text just below it
-    shown: Completion | None = None  # the last suggestion it was shown (its text read only when needed)
+    shown: str = ""  # the last suggestion it was shown, trailing space stripped (read when it was shown, after
+    # its answer: not on the way to the next request's first token)
 
 
 def _samples(request: NormalizedRequest) -> tuple[str, str]:
@@ -89,7 +90,7 @@ class Documents:
             base, number = session, "0"
         for document in self._sessions.get(base, ()):
             if document.number == int(number):
-                document.shown = completion
+                document.shown = completion.text.rstrip()
                 return
 
     @staticmethod
@@ -105,9 +106,9 @@ class Documents:
         return None
 
 
-def _looks_ahead(request: NormalizedRequest, shown: Completion | None) -> bool:
-    """Whether `request`'s prefix ends with the suggestion last shown (a look-ahead past text not yet typed)."""
-    if shown is None or not shown.has_text:
+def _looks_ahead(request: NormalizedRequest, shown: str) -> bool:
+    """Whether `request`'s prefix ends with the suggestion last shown (a look-ahead past text not yet typed); only
+    the prefix's end is looked at (a copy of all of it, stripped, cost a file's length every keystroke)."""
+    if len(shown) < MIN_SAMPLE_CHARS // 4:
         return False
-    text = shown.text.rstrip()
-    return len(text) >= MIN_SAMPLE_CHARS // 4 and request.prefix.rstrip().endswith(text)
+    return request.prefix[-(len(shown) + SEARCH_CHARS) :].rstrip().endswith(shown)

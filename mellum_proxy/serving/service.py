@@ -110,7 +110,7 @@ class CompletionService:
             self._open.discard(scope)
             if completion.has_text:
                 self.documents.shown(request.session, completion)
-            self.telemetry.finish(record, completion)
+            self.telemetry.finish(record, completion, request)
             if not self._open:
                 self._idle.notify()
 

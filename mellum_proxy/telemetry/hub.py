@@ -18,7 +18,7 @@ from mellum_proxy.telemetry.deadline_watch import DeadlineWatch
 from mellum_proxy.telemetry.gpu import GpuSampler
 from mellum_proxy.telemetry.jsonl import JsonlLog
 from mellum_proxy.telemetry.prometheus import ProxyMetrics
-from mellum_proxy.telemetry.record import RecentRecords, RequestRecord
+from mellum_proxy.telemetry.record import RecentRecords, RequestRecord, prompt_digest
 
 log = logging.getLogger("mellum_proxy")
 BULK_KEPT = 256
@@ -50,7 +50,7 @@ class Telemetry:
         now, unix = clock.now(), clock.unix()
         if arrived is not None:  # the edge saw it first (its body still to read)
             now, unix = arrived, unix - max(0.0, now - arrived)
-        record = RequestRecord.start(request, now, unix, self.log_content, self.log is not None)
+        record = RequestRecord.start(request, now, unix, self.log_content)
         if self.recorder is not None:
             self.recorder.put(arrival(request, record.received_at, self.log_content))
         if self.gpu is not None:
@@ -63,8 +63,12 @@ class Telemetry:
     def first_token(self, record: RequestRecord) -> None:
         record.mark_first_token(self.clock.now())
 
-    def finish(self, record: RequestRecord, completion: Completion) -> None:
+    def finish(self, record: RequestRecord, completion: Completion, request: NormalizedRequest | None = None) -> None:
+        """`record` is over; `request`: its request, whose prompt a logged record is given the digest of (hashed
+        here, after the answer, not on the way to its first token)."""
         record.close(completion, self.clock.now())
+        if request is not None and self.log is not None:
+            record.prompt_sha256 = prompt_digest(request)
         if self.gpu is not None:
             window = self.gpu.end_window(id(record))
             record.gpu_window_closed(window.end_mib, window.peak_mib)
@@ -124,7 +128,7 @@ class Telemetry:
         record = self.start(request)
         outcome = Outcome.BAD_REQUEST if error.status < 500 else Outcome.UPSTREAM_ERROR
         record.ended(outcome, error.upstream_status, error.kind)
-        self.finish(record, Completion(id=f"cmpl-{request.id}"))
+        self.finish(record, Completion(id=f"cmpl-{request.id}"), request)
 
 
 def arrival(request: NormalizedRequest, at: float, with_text: bool) -> dict[str, object]:

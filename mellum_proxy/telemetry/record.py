@@ -2,7 +2,8 @@
 
 Field names are stable (they are the request log's columns; see the README). No source text is
 kept unless the user asked for it (`--log-content`): lengths and `prompt_sha256` instead (hashed
-only when the record is written to a log; without `--log` nothing reads it).
+when the record is finished, off the way to the first token, and only when it is written to a log; without
+`--log` nothing reads it).
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ class RequestRecord:
 
     @classmethod
     def start(
-        cls, request: NormalizedRequest, now: float, unix: float, log_content: bool = False, digest: bool = True
+        cls, request: NormalizedRequest, now: float, unix: float, log_content: bool = False, digest: bool = False
     ) -> RequestRecord:
-        """A record at arrival; `digest`: hash the prompt (only worth it when the record is logged)."""
+        """A record at arrival; `digest`: hash the prompt now (else `Telemetry.finish` does, for a logged one)."""
         return cls(
             id=request.id,
             session=request.session,
