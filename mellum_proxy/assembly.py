@@ -218,6 +218,7 @@ async def open_core(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await pool.close()
 
 
 def upstream_connection_limit() -> int:

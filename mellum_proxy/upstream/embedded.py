@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,9 @@ class EmbeddedServer:
         kv_type: the KV cache's type (`f16`, `q8_0`, `q4_0`; llama.cpp's `-ctk`/`-ctv`); a quantized V cache
             turns flash attention on, as llama.cpp requires.
         sleep_idle_s: unload the model after this many seconds without a task (llama.cpp's `--sleep-idle-seconds`;
-            0: never); the next task loads it again. `/props` says `is_sleeping` meanwhile.
+            0: never); the next task loads it again. `/props` says `is_sleeping` meanwhile. A server that sleeps
+            can save its slots' prompt caches (`--slot-save-path`) in a folder of its own, private to this user
+            (they hold the prompts' tokens) and removed when it stops.
 
     The server starts the knobs it is given: llama.cpp's own fitting to free memory (`-fit`, which shrinks the
     context when the cache would not fit) is off, so a context that cannot be allocated fails at load, saying so.
@@ -79,6 +83,7 @@ class EmbeddedServer:
         self.spec = spec  # llama.cpp's self-speculation (`SPEC_TYPES`): drafts from the text, no draft model
         self.cache_reuse = cache_reuse  # llama.cpp's `--cache-reuse N`: KV shifting of reused prompt chunks
         self._server: Any = None
+        self._slot_folder: str | None = None  # where it saves its slots' prompt caches (with a sleep)
         self.url: str | None = None
         self.thread_ids: set[int] = set()  # the threads the server started (Linux), for `proc.pin_apart`
 
@@ -108,6 +113,8 @@ class EmbeddedServer:
         params.cache_type_k = params.cache_type_v = _ggml_type(xllamacpp, self.kv_type)
         if self.sleep_idle_s > 0:
             params.sleep_idle_seconds = self.sleep_idle_s
+            self._slot_folder = tempfile.mkdtemp(prefix="mellum-slots-")  # 0700: only this user reads it
+            params.slot_save_path = self._slot_folder + os.sep  # llama.cpp joins it to the file name as it is
         params.speculative.types = [_spec_type(xllamacpp, self.spec)]
         params.n_cache_reuse = self.cache_reuse
         if hasattr(params, "fit_params"):
@@ -124,6 +131,9 @@ class EmbeddedServer:
         self._server = None
         self.url = None
         gc.collect()
+        if self._slot_folder is not None:
+            shutil.rmtree(self._slot_folder, ignore_errors=True)
+            self._slot_folder = None
 
 
 # The self-speculation types (llama.cpp's `--spec-type`, `common_speculative_type`): each drafts from the text already

@@ -261,7 +261,7 @@ class Upstreams:
                     raise first_error from error  # the one that was asked first says most
                 continue
             member.served += 1
-            member.sleep.last_used = loop.time()
+            member.sleep.answered(member.client, loop.time(), self.changes)
             return
 
     @property
@@ -273,6 +273,11 @@ class Upstreams:
     def cache_per_slot(self) -> bool:
         """Whether the serving upstream keeps a prompt cache per slot (llama.cpp): after a wake, the others empty."""
         return self.serving.client.kind.cache_per_slot
+
+    async def close(self) -> None:
+        """Stop what its members' sleeps still have to do (a save of prompt caches): before the session closes."""
+        for member in self.members:
+            await member.sleep.close()
 
     async def awake(self, request: NormalizedRequest, prompt: BudgetedPrompt) -> float | None:
         """Before a completion is sent: the serving member awake (`mellum_proxy.upstream.sleep.Sleep.awake`)."""

@@ -82,3 +82,35 @@ async def test_the_proxy_does_not_keep_an_idle_server_awake(sleepy_server: Embed
         checks = app[UPSTREAMS]._checks
         await app[UPSTREAMS].changes.wait_for(lambda: app[UPSTREAMS]._checks >= checks + 20, timeout_s=20)
         assert await is_sleeping(session, sleepy_server.url) and member.sleep.asleep  # twenty health checks later
+
+
+async def prompt_tokens_computed(session: aiohttp.ClientSession, url: str) -> float:
+    """llama.cpp's count of the prompt tokens it has computed (`/metrics` neither wakes it nor keeps it awake)."""
+    async with session.get(url + "/metrics") as resp:
+        for line in (await resp.text()).splitlines():
+            if line.startswith("llamacpp:prompt_tokens_total "):
+                return float(line.split()[1])
+    raise AssertionError("no llamacpp:prompt_tokens_total on /metrics")
+
+
+async def test_the_prompt_cache_saved_before_a_sleep_is_restored_by_the_wake(sleepy_server: EmbeddedServer) -> None:
+    """Once its idle limit is known, the prompt caches are saved in the quiet after a completion; the wake after the
+    sleep restores them, so the keystroke after the break computes only what was typed since, not its whole prompt
+    again (the embedded server saves into a folder of its own)."""
+    assert sleepy_server.url is not None
+    app = build_app(Settings(upstream=sleepy_server.url, log=None, health_interval_ms=100, timeout_ms=20000))
+    prompt = TEXT * 8  # about 300 tokens: a prefill that would show
+    async with serve_app(app) as proxy, aiohttp.ClientSession() as session:
+        member = app[UPSTREAMS].members[0]
+        changes = app[UPSTREAMS].changes
+        assert await keystroke(session, proxy, TEXT)
+        await changes.wait_for(lambda: member.sleep.asleep, timeout_s=20)  # its idle limit learned from the quiet
+        assert member.sleep.idle_limit_s is not None
+        assert await keystroke(session, proxy, prompt)  # the wake, then the answer
+        await changes.wait_for(lambda: member.sleep.saved, timeout_s=20)  # saved in the quiet
+        await changes.wait_for(lambda: member.sleep.asleep, timeout_s=20)  # and it still slept
+        before = await prompt_tokens_computed(session, sleepy_server.url)
+        assert await keystroke(session, proxy, prompt + "x")
+        computed = await prompt_tokens_computed(session, sleepy_server.url) - before
+        assert member.sleep.restored >= 1
+        assert computed < 20, computed  # the typed character and a little, not ~300 tokens

@@ -25,6 +25,10 @@ class SleepyServer:
 
     sleeping: bool = False
     woken: int = 0
+    saves: list[float] = field(default_factory=list)  # when the prompt caches were saved
+    restores: int = 0
+    save_slots: Any = None  # as a kind that cannot save them (`SavingServer` can)
+    restore_slots: Any = None
 
     async def asleep(self, client: Any) -> bool:
         return self.sleeping
@@ -33,6 +37,23 @@ class SleepyServer:
         self.woken += 1
         await asyncio.sleep(LOAD_S)
         self.sleeping = False
+
+
+@dataclass
+class SavingServer(SleepyServer):
+    """llama.cpp with `--slot-save-path`: its prompt caches saved, and restored by the wake."""
+
+    def __post_init__(self) -> None:
+        self.save_slots, self.restore_slots = self._save, self._restore
+
+    async def _save(self, client: Any) -> int:
+        assert not self.sleeping, "a save wakes a sleeping server"
+        self.saves.append(asyncio.get_running_loop().time())
+        return 2
+
+    async def _restore(self, client: Any) -> int:
+        self.restores += 1
+        return 2
 
 
 @dataclass
@@ -91,5 +112,29 @@ def test_a_kind_that_cannot_say_is_never_asked_again_nor_woken() -> None:
         assert sleep.says is False
         await asyncio.sleep(600.0)
         assert await sleep.awake(client, REQUEST, PROMPT, changes) is None and client.kind.woken == 0
+
+    run_virtual(scenario())
+
+
+def test_prompt_caches_are_saved_in_the_quiet_before_the_sleep_and_restored_by_the_wake() -> None:
+    async def scenario() -> None:
+        client: Any = Client(SavingServer())
+        sleep, changes = Sleep(), Changes()
+        sleep.says, sleep.idle_limit_s = True, 4.0  # learned late, by a health check: the server sleeps after 2 s
+        loop = asyncio.get_running_loop()
+        sleep.answered(client, loop.time(), changes)
+        await asyncio.sleep(0.5)
+        sleep.answered(client, loop.time(), changes)  # typing on: the quiet starts again
+        ended = loop.time()
+        await changes.wait_for(lambda: sleep.saved, timeout_s=10)
+        assert client.kind.saves == [pytest.approx(ended + 1.0)]  # a quarter of the idle limit after the last one
+        client.kind.sleeping = True
+        await sleep.read(client, changes)
+        assert await sleep.awake(client, REQUEST, PROMPT, changes) == pytest.approx(LOAD_S * 1000)
+        assert client.kind.restores == 1 and sleep.restored == 2
+        sleep.answered(client, loop.time(), changes)
+        client.kind.sleeping = True  # asleep before the save was due (the health watch has not looked)
+        await asyncio.sleep(5.0)
+        assert len(client.kind.saves) == 1  # not asked: a save would have woken it
 
     run_virtual(scenario())

@@ -15,7 +15,7 @@ class Breaks(TypedDict):
     gap_ms: float
     prompt_chars: int
     modes: dict[str, dict[str, Any]]  # proxy, direct: warm and break pauses (ms), asleep at each break's end
-    console: dict[str, int]  # the proxy's lines: "is asleep", "woke in"
+    console: dict[str, int]  # the proxy's lines: "is asleep", "woke in", and wakes that restored prompt caches
 
 
 def within(mode: dict[str, Any]) -> int:
@@ -41,5 +41,9 @@ def render(result: Breaks, command: str) -> str:
         counts = f"{within(mode)} of {len(mode['breaks_ms'])} | {sum(mode['asleep'])} of {len(mode['asleep'])}"
         lines.append(f"| {name} | {warm} | {mode['warm_median_ms']:.0f} | {mode['bar_ms']:.0f} | {shown} | {counts} |")
     console = result["console"]
-    lines += ["", f"- the proxy said `is asleep` {console['asleep']} times and `woke in` {console['woke']} times"]
+    lines += [
+        "",
+        f"- the proxy said `is asleep` {console['asleep']} times and `woke in` {console['woke']} times",
+        f"- {console.get('restored', 0)} wakes restored the prompt caches saved before the sleep",
+    ]
     return "\n".join(lines) + "\n"

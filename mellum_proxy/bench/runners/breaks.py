@@ -139,7 +139,8 @@ async def measure(
                             process.terminate()
                             await process.wait()
                             said = stderr_path.read_text(errors="replace")
-                            console = {"asleep": said.count(" is asleep "), "woke": said.count(" woke in ")}
+                            console = {"asleep": said.count(" is asleep "), "woke": said.count(" woke in "),
+                                       "restored": said.count(" prompt caches restored")}  # fmt: skip
     finally:
         await asyncio.to_thread(server.stop)
     return {

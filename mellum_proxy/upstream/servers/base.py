@@ -95,4 +95,8 @@ class ServerKind:
     asleep: Callable[[Transport], Awaitable[bool | None]] | None = None
     wake: Callable[[Transport], Awaitable[None]] | None = None
     keep_alive: bool = False  # it takes `keep_alive` (how long to keep the model loaded) on every completion
+    # Its slots' prompt caches saved to its disk before it sleeps, and restored by the wake (llama.cpp with
+    # `--slot-save-path`): `save_slots` says how many it saved (raising where it cannot save at all).
+    save_slots: Callable[[Transport], Awaitable[int]] | None = None
+    restore_slots: Callable[[Transport], Awaitable[int]] | None = None
     cache_per_slot: bool = False  # each slot keeps its own prompt cache (all empty after a sleep)

@@ -6,7 +6,10 @@ task until it would start; a client that leaves stops its decoding.
 With `--sleep-idle-seconds N` it unloads its model after N s without a task and says `"is_sleeping": true` on
 `/props`; any task loads it again (a completion, `/tokenize`, `/slots`: measured on the embedded server, 1.5-1.9 s
 for gemma-3-270m here), while `/health`, `/props`, `/v1/models` and `/metrics` neither wake it nor keep it
-awake. Its prompt cache is gone after a sleep."""
+awake. Its prompt cache is gone after a sleep, unless it was saved: with `--slot-save-path DIR`,
+`POST /slots/{id}?action=save` writes a slot's prompt and KV cache to `DIR/filename`, and `action=restore` reads it
+back (a task too: it loads the model, then takes milliseconds where the prompt's prefill took over a second).
+Without the flag it answers 501 `not_supported_error`."""
 
 from __future__ import annotations
 
@@ -114,6 +117,36 @@ async def asleep(upstream: Transport) -> bool | None:
     return None
 
 
+SLOT_FILE = "mellum-proxy-slot-{}.bin"  # in the server's own `--slot-save-path`
+RESTORE_TIMEOUT_S = 300.0  # a restore waits for the model's load: as long as a wake's prefill may
+
+
+async def save_slots(upstream: Transport) -> int:
+    """Each slot's prompt cache to the server's disk; how many were saved.
+
+    Raises:
+        UpstreamError: it cannot (no `--slot-save-path`: 501), or did not answer.
+    """
+    slots = await count_slots(upstream) or 1
+    for slot in range(slots):
+        await upstream.post_json(f"/slots/{slot}?action=save", {"filename": SLOT_FILE.format(slot)})
+    return slots
+
+
+async def restore_slots(upstream: Transport) -> int:
+    """The slots' prompt caches saved before a sleep, read back (which loads the model); how many were restored
+    (a slot that was never saved, or a file another model wrote, is left empty)."""
+    restored = 0
+    for slot in range(await count_slots(upstream) or 1):
+        try:
+            body = {"filename": SLOT_FILE.format(slot)}
+            await upstream.post_json(f"/slots/{slot}?action=restore", body, timeout_s=RESTORE_TIMEOUT_S)
+        except UpstreamError:
+            continue
+        restored += 1
+    return restored
+
+
 def start_flags(context: int, batch: int, kv_type: str) -> str:
     return f"llama-server -c {context * batch} -np {batch} -ctk {kv_type} -ctv {kv_type} -ngl 99 --metrics"
 
@@ -135,4 +168,6 @@ LLAMACPP = ServerKind(
     start_flags=start_flags,
     asleep=asleep,
     cache_per_slot=True,
+    save_slots=save_slots,
+    restore_slots=restore_slots,
 )
