@@ -123,6 +123,16 @@ def test_the_core_loads_no_http_server(module: str) -> None:
     assert "aiohttp.web" not in loaded and "mellum_proxy.http" not in loaded
 
 
+def test_the_http_edge_imports_no_planning_tool() -> None:
+    """The live page reads the doctor's verdict from `telemetry`: nothing of the planner, `fit` or the bench hangs
+    beneath the HTTP edge (the page once imported the planner for one function that reads records)."""
+    graph = import_graph()
+    edge = [name for name in graph if name.startswith("mellum_proxy.http")]
+    assert "mellum_proxy.http.page" in edge
+    tools = ("mellum_proxy.planner", "mellum_proxy.fit", "mellum_proxy.bench")
+    assert [f"{name} -> {target}" for name in edge for target in graph[name] if target.startswith(tools)] == []
+
+
 def test_the_cli_loads_no_bench_until_asked() -> None:
     loaded = _loaded("import mellum_proxy.cli; mellum_proxy.cli.build_parser()")
     assert [m for m in loaded if m.startswith("mellum_proxy.bench")] == []

@@ -29,8 +29,8 @@ from mellum_proxy.http.connections import STALLED_S  # a page that reads nothing
 from mellum_proxy.http.guard import check_host
 from mellum_proxy.http.keys import POLICIES, RECORDS, SECTIONS, SERVICE, SETTINGS, STARTED, TELEMETRY, UPSTREAMS
 from mellum_proxy.http.routes import status_body
-from mellum_proxy.planner.doctor import diagnose
 from mellum_proxy.telemetry import RecentRecords
+from mellum_proxy.telemetry.doctor import diagnose
 
 ASSETS = {"index.html": "text/html", "page.js": "text/javascript", "page.css": "text/css"}
 POLICY = (  # the page's own files, and its event stream: nothing else, from anywhere

@@ -13,7 +13,6 @@ import orjson
 
 from mellum_proxy.console import POSITIVE, fail, real
 from mellum_proxy.planner.defaults import CANDIDATE_QUANTS, choose
-from mellum_proxy.planner.doctor import diagnose, read_probe
 from mellum_proxy.planner.inspect import InspectError, ModelInfo, bundled_shape, inspect_path, render, report
 from mellum_proxy.planner.kvcache import KV_BYTES, kv_bytes
 from mellum_proxy.planner.logs import compare, parse_log
@@ -21,6 +20,7 @@ from mellum_proxy.planner.shapes import ASSUMED_ARCH
 from mellum_proxy.planner.sweep import BACKEND_OVERHEAD_GIB, SweepSpec, as_rows, best, sweep
 from mellum_proxy.planner.sweep import render as render_sweep
 from mellum_proxy.planner.weights import QUANT_ALIASES, bits_for
+from mellum_proxy.telemetry.doctor import diagnose, read_probe
 from mellum_proxy.telemetry.stats import log_to_read, read_log
 
 BACKENDS = sorted(BACKEND_OVERHEAD_GIB)

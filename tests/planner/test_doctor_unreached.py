@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mellum_proxy.http import RECORDS
-from mellum_proxy.planner.doctor import diagnose
+from mellum_proxy.telemetry.doctor import diagnose
 from mellum_proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory
 from tests.sse import page_state
