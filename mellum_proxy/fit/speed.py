@@ -4,12 +4,14 @@ At the chosen memory candidate (its context, batch and cache type held), each sp
 started again with one knob changed (self-speculation, or KV shifting), and the typing (`--trace`, the shipped
 `json-crdt-blog-post` by default) replayed through the proxy in real time against it: the time from each pause
 to its first text (p50, p95), the pauses covered, the decode rate, the draft acceptance from the server's own
-timings, and the prompt tokens computed and reused. The replay's completions a newer keystroke cut short never
-get the server's closing timings, so after it the text the person ended with is completed whole `PROBES` times
-(llama.cpp's `/completion`), and their timings join the replay's: the decode rate and what was drafted and
-accepted, as the server counts them. The baseline (no speculation, the first `--cache-reuse`)
-runs twice: the difference between its two turns is the run-to-run spread. The rule: a knob's lowest first-text
-p95 wins only where it beats the baseline's by more than that spread; otherwise the baseline stands.
+timings, the prompt tokens computed (the server's `/metrics` count over the replay, cancelled prefills included)
+and reused (`cache_n`, over the answers that ran to their end: a cancelled one reports none). The replay's
+completions a newer keystroke cut short never get the server's closing timings, so after it the text the person
+ended with is completed whole `PROBES` times (llama.cpp's `/completion`), and their timings join the replay's:
+the decode rate and what was drafted and accepted, as the server counts them. The baseline (no speculation, the
+first `--cache-reuse`) runs twice: the difference between its two turns is the run-to-run spread. The rule: a
+knob's lowest first-text p95 wins only where it beats the baseline's by more than that spread; otherwise the
+baseline stands.
 """
 
 from __future__ import annotations
@@ -177,9 +179,16 @@ def _run(spec: str, reuse: int, turn: int, result: Any, probed: dict[str, float]
         spec, reuse, turn, first_text_p50_ms=result.latency_p50_ms, first_text_p95_ms=result.latency_p95_ms,
         pause_coverage=result.pause_coverage, decode_tps=decode,
         draft_acceptance=accepted / drafted if drafted else None, drafted=int(drafted),
-        prompt_computed=result.record_prompt_tokens - result.record_cached_tokens,
-        prompt_cached=result.record_cached_tokens,
+        prompt_computed=_computed(result), prompt_cached=result.record_cached_tokens,
     )  # fmt: skip
+
+
+def _computed(result: Any) -> int | None:
+    """The prompt tokens the server computed over the replay: its own count (`/metrics`), every request the typing
+    sent, cancelled ones included; else the answers' (`usage`) less what they reused, where it has no `/metrics`."""
+    if result.upstream_prompt_tokens is not None:
+        return int(result.upstream_prompt_tokens)
+    return result.record_prompt_tokens - result.record_cached_tokens if result.record_prompt_tokens else None
 
 
 def read_events(traces: Sequence[Path], limit: int) -> tuple[str, list[Any]]:
