@@ -93,9 +93,10 @@ def choose(runs: Sequence[SpeedRun]) -> tuple[str, int, str]:
             picks[knob] = best
             reasons.append(f"{knob} {getattr(best, knob)}: first-text p95 {best.first_text_p95_ms:.0f} ms against "
                            f"{reference:.0f} ms without, beyond the spread of {spread:.0f} ms")  # fmt: skip
-        elif best is not None:
-            reasons.append(f"{knob}: the best, {getattr(best, knob)} at {best.first_text_p95_ms:.0f} ms, is within "
-                           f"the spread of {spread:.0f} ms of {reference:.0f} ms without: not claimed")  # fmt: skip
+        elif best is not None and best.first_text_p95_ms is not None:
+            how = "slower than" if best.first_text_p95_ms > reference else "within the spread of"
+            reasons.append(f"{knob}: the best, {getattr(best, knob)} at {best.first_text_p95_ms:.0f} ms, is {how} "
+                           f"{reference:.0f} ms without (spread {spread:.0f} ms): not claimed")  # fmt: skip
     spec = picks["spec"].spec if "spec" in picks else BASELINE
     reuse = picks["cache_reuse"].cache_reuse if "cache_reuse" in picks else first
     return spec, reuse, "; ".join(reasons) or "only the baseline was asked for"

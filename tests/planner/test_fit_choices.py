@@ -114,6 +114,8 @@ def test_speed_candidates_change_one_knob_and_claim_one_only_beyond_the_spread(t
     assert speed.choose([*base, run("ngram-mod", 0, 700), run("ngram-simple", 0, 880)])[:2] == ("ngram-mod", 0)
     within = speed.choose([*base, run("ngram-mod", 0, 860), run("none", 256, 600)])
     assert within[:2] == ("none", 256) and "within the spread" in within[2]
+    slower = speed.choose([*base, run("ngram-simple", 0, 1200)])
+    assert slower[:2] == ("none", 0) and "ngram-simple at 1200 ms, is slower than 950 ms" in slower[2]
     opened, typed = Open(0, "a.py", "def f():\n    pass\n"), Edit(10, "a.py", 9, 0, "    x = 1\n")
     assert speed.final_text([opened, typed]) == "def f():\n    x = 1\n"  # what the probes complete
     refused = speed.SpeedRun("ngram-mod", 0, failure="load_failed: unknown spec type")
