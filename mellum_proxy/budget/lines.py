@@ -62,14 +62,6 @@ class Side:
         return sum(self.counts)
 
 
-def learn(known: LineCounts, offsets: list[int], spans: tuple[tuple[int, str], ...]) -> None:
-    """Teach `known` the token count of every line of the prefix and suffix inside a measured prompt."""
-    for at, text in spans:
-        if text and at >= 0:
-            side = measured_side(offsets, at, text)
-            known.learn(side.lines, side.counts)
-
-
 def measured_side(offsets: list[int], at: int, text: str) -> Side:
     """`text`, found at `at` in a measured prompt whose tokens start at `offsets`: its lines, each counted as the
     prompt's tokenization split it (a token spanning two lines counts for the first)."""
