@@ -1,18 +1,17 @@
 """`fit --spec` and `--cache-reuse`: the server's speed knobs, measured on the person's own typing.
 
-At the chosen memory candidate (its context, batch and cache type held), each speed candidate is the server
-started again with one knob changed (self-speculation, or KV shifting), and the typing (`--trace`, the shipped
-`json-crdt-blog-post` by default) replayed through the proxy in real time against it: the time from each pause
-to its first text (p50, p95), the pauses covered, the decode rate, the draft acceptance from the server's own
-timings, the prompt tokens computed (the server's `/metrics` count over the replay, cancelled prefills included)
-and reused (`cache_n`, over the answers that ran to their end: a cancelled one reports none). The replay's
-completions a newer keystroke cut short never get the server's closing timings, so after it the text the person
-ended with is completed whole `PROBES` times (llama.cpp's `/completion`), and their timings join the replay's:
-the decode rate and what was drafted and accepted, as the server counts them. The baseline (no speculation, the
-first `--cache-reuse`) runs twice: the difference between its two turns is the run-to-run spread. The rule: a
-knob's lowest first-text p95 wins only where it beats the baseline's by more than that spread; otherwise the
-baseline stands.
-"""
+At the chosen memory candidate (its context, batch and cache type held), each speed candidate is the server started
+again with one knob changed (self-speculation, or KV shifting), and the typing (`--trace`, the shipped
+`json-crdt-blog-post` by default) replayed through the proxy in real time against it: the time from each pause to
+its first text (p50, p95), the pauses covered, the decode rate, the draft acceptance from the server's own timings,
+the prompt tokens computed (the server's `/metrics` count over the replay: every prefill that reached its first
+token, requests a keystroke cut later included; llama.cpp does not count a prefill cut before it) and reused
+(`cache_n`, over the answers that ran to their end: a cancelled one reports none). The replay's completions a newer
+keystroke cut short never get the server's closing timings, so after it the text the person ended with is completed
+whole `PROBES` times (llama.cpp's `/completion`), and their timings join the replay's: the decode rate and what was
+drafted and accepted, as the server counts them. The baseline (no speculation, the first `--cache-reuse`) runs
+twice: the difference between its two turns is the run-to-run spread. The rule: a knob's lowest first-text p95 wins
+only where it beats the baseline's by more than that spread; otherwise the baseline stands."""
 
 from __future__ import annotations
 
@@ -186,7 +185,8 @@ def _run(spec: str, reuse: int, turn: int, result: Any, probed: dict[str, float]
 
 def _computed(result: Any) -> int | None:
     """The prompt tokens the server computed over the replay: its own count (`/metrics`), every request the typing
-    sent, cancelled ones included; else the answers' (`usage`) less what they reused, where it has no `/metrics`."""
+    sent whose prefill reached its first token (llama.cpp counts a prefill there, so one cut before it is not
+    counted); else the answers' (`usage`) less what they reused, where it has no `/metrics`."""
     if result.upstream_prompt_tokens is not None:
         return int(result.upstream_prompt_tokens)
     return result.record_prompt_tokens - result.record_cached_tokens if result.record_prompt_tokens else None
