@@ -29,7 +29,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mellum_proxy.errors import UpstreamError
+from mellum_proxy.errors import UpstreamError, UpstreamStatusError
 from mellum_proxy.models import BudgetedPrompt, NormalizedRequest
 from mellum_proxy.observe import Changes
 from mellum_proxy.upstream.client import UpstreamClient
@@ -152,6 +152,10 @@ class Sleep:
                 return  # asleep already (or it cannot say): a save would wake it, and save an empty cache
             slots = await save(client)
         except UpstreamError as error:
+            if not _refused(error):  # a timeout, a restart, a 503: the next quiet asks again
+                log.debug("upstream %s: its prompt caches were not saved this time (%s)", client.shown_url,
+                          error.shown)  # fmt: skip
+                return
             self.saves = False  # asked once: a server without a place to save says so every time
             log.info("upstream %s does not save its prompt caches across a sleep (%s): each wake computes the "
                      "prompt again; llama-server keeps them with --slot-save-path DIR", client.shown_url,
@@ -194,6 +198,14 @@ class Sleep:
         elif not asleep and self.asleep:
             self.asleep = False  # woken by someone else
             changes.notify()
+
+
+def _refused(error: UpstreamError) -> bool:
+    """The server answered that it cannot save (llama.cpp without `--slot-save-path`: 501; a 4xx), as it will every
+    time; not a failure of this once (no answer, a timeout, a 503 while loading, a 500)."""
+    if not isinstance(error, UpstreamStatusError):
+        return False
+    return error.upstream_status == 501 or 400 <= error.upstream_status < 500
 
 
 async def _prefill(client: UpstreamClient, request: NormalizedRequest, prompt: BudgetedPrompt) -> None:

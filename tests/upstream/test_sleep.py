@@ -4,11 +4,13 @@ keystrokes that no cancelled keystroke cuts short."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from mellum_proxy.errors import UpstreamError, UpstreamStatusError, UpstreamTimeoutError
 from mellum_proxy.models import BudgetedPrompt, NormalizedRequest
 from mellum_proxy.observe import Changes
 from mellum_proxy.upstream.sleep import Sleep
@@ -46,9 +48,13 @@ class SavingServer(SleepyServer):
     def __post_init__(self) -> None:
         self.save_slots, self.restore_slots = self._save, self._restore
 
+    failures: list[UpstreamError] = field(default_factory=list)  # what the next saves meet, in turn
+
     async def _save(self, client: Any) -> int:
         assert not self.sleeping, "a save wakes a sleeping server"
         self.saves.append(asyncio.get_running_loop().time())
+        if self.failures:
+            raise self.failures.pop(0)
         return 2
 
     async def _restore(self, client: Any) -> int:
@@ -136,5 +142,31 @@ def test_prompt_caches_are_saved_in_the_quiet_before_the_sleep_and_restored_by_t
         client.kind.sleeping = True  # asleep before the save was due (the health watch has not looked)
         await asyncio.sleep(5.0)
         assert len(client.kind.saves) == 1  # not asked: a save would have woken it
+
+    run_virtual(scenario())
+
+
+def test_a_save_that_failed_once_is_tried_again_and_only_a_refusal_stops_the_asking() -> None:
+    async def scenario() -> None:
+        refusal = UpstreamStatusError(501, "This server does not support slots action")
+        server = SavingServer(failures=[UpstreamTimeoutError("late"), UpstreamStatusError(503, "loading"), refusal])
+        client: Any = Client(server)
+        sleep, changes = Sleep(), Changes()
+        sleep.says, sleep.idle_limit_s = True, 4.0
+        loop = asyncio.get_running_loop()
+
+        def tried(times: int) -> Callable[[], bool]:
+            return lambda: sleep._saving is None and len(server.saves) == times
+
+        for times in (1, 2):  # a timeout, then a server still loading: the next quiet asks again
+            sleep.answered(client, loop.time(), changes)
+            await changes.wait_for(tried(times), timeout_s=10)
+            assert sleep.saves is None
+        sleep.answered(client, loop.time(), changes)
+        await changes.wait_for(lambda: sleep.saves is not None, timeout_s=10)
+        assert sleep.saves is False and len(server.saves) == 3  # llama-server without --slot-save-path: 501
+        sleep.answered(client, loop.time(), changes)
+        await asyncio.sleep(5.0)
+        assert len(server.saves) == 3  # not asked again
 
     run_virtual(scenario())
