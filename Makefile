@@ -45,8 +45,8 @@ test-vllm: $(STAMP) $(VLLM_STAMP)
 	  MELLUM_PROXY_VLLM_MODEL=$(VLLM_VENV)/model $(BIN)/python -m pytest -m vllm -v tests/vllm $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check mellum_proxy tests docs/hooks
-	$(BIN)/ruff format --check mellum_proxy tests docs/hooks
+	$(BIN)/ruff check mellum_proxy benchmarks tests docs/hooks
+	$(BIN)/ruff format --check mellum_proxy benchmarks tests docs/hooks
 	$(BIN)/mypy
 
 # The docs site (mkdocs + Material) into site/; --strict: a broken link or a setting without its entry fails it.
@@ -60,7 +60,12 @@ docs-generate: $(STAMP)
 	$(BIN)/python docs/hooks/editor_configs.py
 
 gpu-check: $(STAMP)
-	$(BIN)/python -m mellum_proxy.bench.runners.gpu_check
+	$(BIN)/python -m benchmarks gpu-check
+
+# The project's measurements of its own claims (`benchmarks/`, not installed): `make bench-overhead ARGS='--rounds 3'`
+# is `python -m benchmarks overhead --rounds 3`.
+bench-%: $(STAMP)
+	$(BIN)/python -m benchmarks $* $(ARGS)
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .pytest_cache .ruff_cache

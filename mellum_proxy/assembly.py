@@ -2,7 +2,7 @@
 
 `open_core` is the one way a proxy starts and stops its core: the upstream session, the clients in failover
 order, discovery and its tasks, the service; `serve`, `serve_app` and so the tests and the bench enter it
-through the HTTP edge (`mellum_proxy.http.lifecycle`). The policy lab (`mellum_proxy.bench.runners.lab`) runs
+through the HTTP edge (`mellum_proxy.http.lifecycle`). The policy lab (`mellum_proxy.tuning.runners.lab`) runs
 the core on a simulated server in virtual time, built from the same parts: `build_policies`, `BudgetSettings.of`
 and `build_core`. Nothing here knows HTTP servers.
 """

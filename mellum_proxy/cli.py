@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +19,7 @@ from mellum_proxy.config import Settings
 from mellum_proxy.console import INDEX, POSITIVE, Parser, fail, real
 from mellum_proxy.settings_file import SettingsError, load_settings
 from mellum_proxy.settings_flags import add_settings_flags, settings_given
-from mellum_proxy.stopping import stopped_like_ctrl_c
+from mellum_proxy.stopping import run_as_command
 from mellum_proxy.text_checks import unknown_environment
 
 
@@ -61,10 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     planner_cli.add_commands(commands)
     fit_cli.add_commands(commands)
     editor_cli.add_commands(commands)
-    # The bench (plots, traces, HumanEval) loads only when asked for: `main` hands it the rest.
+    # The tuning engine (plots, traces, HumanEval) loads only when asked for: `main` hands it the rest.
     commands.add_parser("packaged-model", help="print the packaged gemma-3-270m GGUF's path (for --model, inspect)")
     commands.add_parser("tune", help="the policy settings for your typing on your server (see tune --help)")
-    bench = commands.add_parser("bench", help="replay keystroke traces, stress runs, quality set (see bench --help)")
+    bench = commands.add_parser("bench", help="replay keystroke traces, the policy lab, quality set (see bench --help)")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
@@ -172,21 +171,8 @@ _COMMANDS = {"serve": _serve, "stats": _stats, "probe": _probe, "baseline": _bas
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run one command; output into a pipe that closed early (`stats | head -1`) ends it quietly, and so does
-    Ctrl-C, SIGTERM or SIGHUP: what the command started is stopped on the way out (`stopping`), exit 130."""
-    try:
-        with stopped_like_ctrl_c():
-            _run(argv)
-        sys.stdout.flush()
-    except KeyboardInterrupt:
-        print("mellum-proxy: interrupted; what it started is stopped", file=sys.stderr)
-        sys.exit(130)
-    except BrokenPipeError:
-        # what is still buffered cannot be written: send it nowhere, so the interpreter's own flush at exit
-        # does not raise again (the recipe of Python's `signal` documentation)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(0)
+    """Run one command (`stopping.run_as_command`: a closed pipe, Ctrl-C, SIGTERM or SIGHUP end it in one line)."""
+    run_as_command(lambda: _run(argv), "mellum-proxy")
 
 
 def _run(argv: Sequence[str] | None) -> None:
@@ -198,7 +184,7 @@ def _run(argv: Sequence[str] | None) -> None:
     if argv[:1] == ["tune"]:  # `mellum-proxy tune` is `mellum-proxy bench tune`: the lab does the work
         argv = ["bench", *argv]
     if argv[:1] == ["bench"]:
-        from mellum_proxy.bench.cli import main as bench
+        from mellum_proxy.tuning.cli import main as bench
 
         bench(argv[1:])
         return

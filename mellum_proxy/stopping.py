@@ -10,9 +10,11 @@ command under it and ends an interrupted one in one line, exit 130.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 
@@ -37,3 +39,21 @@ def stopped_like_ctrl_c() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def run_as_command(run: Callable[[], None], name: str) -> None:
+    """Run one command; output into a pipe that closed early (`stats | head -1`) ends it quietly, and so does
+    Ctrl-C, SIGTERM or SIGHUP: what the command started is stopped on the way out, one line, exit 130."""
+    try:
+        with stopped_like_ctrl_c():
+            run()
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; what it started is stopped", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        # what is still buffered cannot be written: send it nowhere, so the interpreter's own flush at exit
+        # does not raise again (the recipe of Python's `signal` documentation)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)

@@ -11,10 +11,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from mellum_proxy.bench.workloads.corpus import CODE_DIR, code_texts, train_bpe
 from mellum_proxy.budget.local import load_local
 from mellum_proxy.config import Settings
 from mellum_proxy.http import GPU_OPENER, build_app
+from mellum_proxy.tuning.workloads.corpus import CODE_DIR, code_texts, train_bpe
 from mellum_proxy.upstream.embedded import EmbeddedServer, packaged_model
 
 # Kept between runs (git ignores it): building the packaged GGUF's tokenizer takes ~10 s the first time.
@@ -79,7 +79,7 @@ async def embedded_proxy(make_proxy: ProxyFactory, embedded_server: EmbeddedServ
 @pytest.fixture
 def fake_upstream(aiohttp_server: Any) -> Callable[..., Awaitable[tuple[Any, str]]]:
     """Start a `bench.fake_upstream.FakeUpstream` on a loopback port: returns (fake, base_url)."""
-    from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+    from benchmarks.doubles.fake_upstream import FakeUpstream
 
     async def factory(**options: Any) -> tuple[FakeUpstream, str]:
         fake = FakeUpstream(**options)

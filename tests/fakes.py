@@ -1,5 +1,5 @@
 """The suite's stand-ins, in one place: servers built from the real one's source (cited at the class), an
-upstream and an answer for the completion core, and a GPU. The bench's own doubles (`mellum_proxy/bench/doubles/`:
+upstream and an answer for the completion core, and a GPU. The bench's own doubles (`benchmarks/doubles/`:
 the scripted and the faulty OpenAI server, the simulator) serve the tests too."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from benchmarks.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.errors import ProxyError
 from mellum_proxy.models import Batches, BudgetedPrompt, Chunk, Completion, NormalizedRequest, Outcome
 from mellum_proxy.telemetry import GpuReading

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mellum_proxy.cli import main
+from benchmarks.cli import main as benchmarks_main
+from mellum_proxy.cli import main as proxy_main
 
 
 @pytest.mark.parametrize(
@@ -109,8 +110,9 @@ def numeric_flags() -> list[tuple[list[str], str]]:
     """(the command's words, flag) for every option of every command that takes a number."""
     import argparse
 
-    from mellum_proxy.bench.cli import build_parser as bench_parser
+    from benchmarks.cli import build_parser as benchmarks_parser
     from mellum_proxy.cli import build_parser
+    from mellum_proxy.tuning.cli import build_parser as bench_parser
 
     found: list[tuple[list[str], str]] = []
 
@@ -126,7 +128,16 @@ def numeric_flags() -> list[tuple[list[str], str]]:
 
     walk(build_parser(), [])
     walk(bench_parser(), ["bench"])
+    walk(benchmarks_parser(), ["benchmarks"])
     return found
+
+
+def main(words: list[str]) -> None:
+    """`mellum-proxy WORDS`, or `python -m benchmarks REST` for words that start with `benchmarks`."""
+    if words[:1] == ["benchmarks"]:
+        benchmarks_main(words[1:])
+    else:
+        proxy_main(words)
 
 
 FLAGS = numeric_flags()
@@ -149,7 +160,7 @@ def test_every_numeric_flag_rejects_impossible_values(
 
 
 TRACE = str(
-    Path(__file__).resolve().parent.parent / "mellum_proxy" / "bench" / "traces" / "json-crdt-blog-post.json.gz"
+    Path(__file__).resolve().parent.parent / "mellum_proxy" / "tuning" / "traces" / "json-crdt-blog-post.json.gz"
 )
 
 
@@ -157,7 +168,7 @@ TRACE = str(
     "words",
     [
         ["bench", "replay", "--policy", "direct", "--limit-events", "20", TRACE],
-        ["bench", "ladder"],
+        ["benchmarks", "ladder"],
         ["profile"],
         ["baseline", "--idle-s", "1"],
     ],
@@ -166,8 +177,6 @@ def test_tools_end_in_one_line_when_the_server_never_answers(
     words: list[str], unused_tcp_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Not a report of zeros (exit 0), a wait that never returns, or the HTML of a web server's error page."""
-    from mellum_proxy.cli import main
-
     argv = [*words, "--upstream", f"http://127.0.0.1:{unused_tcp_port}"]
     if words[0] == "bench" and words[1] == "replay":
         argv += ["--out", str(tmp_path / "out")]
@@ -197,3 +206,11 @@ def test_output_into_a_closed_pipe_ends_quietly(words: list[str], tmp_path: Path
             proc.stdout.close()  # as `head -1` does once it has its line
             err = proc.stderr.read().decode()
             assert proc.wait(timeout=60) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_benchmark_asked_of_the_installed_command_says_where_it_moved(capsys: pytest.CaptureFixture[str]) -> None:
+    """`mellum-proxy bench overhead` from a script written before the move: one line naming the command to run."""
+    with pytest.raises(SystemExit) as exited:
+        proxy_main(["bench", "overhead", "--rounds", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(err) == 1 and "python -m benchmarks overhead" in err[0]

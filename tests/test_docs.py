@@ -40,7 +40,7 @@ def test_no_committed_file_over_300_kb_outside_fixtures_and_traces() -> None:
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     if not files:
         pytest.skip("not a git checkout")
-    allowed = ("tests/fixtures/", "mellum_proxy/bench/traces/")
+    allowed = ("tests/fixtures/", "mellum_proxy/tuning/traces/")
     large = [f for f in files if not f.startswith(allowed) and (ROOT / f).is_file()
              and (ROOT / f).stat().st_size > 300 * 1024]  # fmt: skip
     assert large == []
@@ -88,19 +88,22 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def test_every_command_is_on_the_commands_page() -> None:
-    from mellum_proxy.bench.cli import build_parser as bench_parser
+    from benchmarks.cli import build_parser as benchmarks_parser
     from mellum_proxy.cli import build_parser
+    from mellum_proxy.tuning.cli import build_parser as bench_parser
 
     page = (DOCS / "commands.md").read_text()
     missing = [f"mellum-proxy {name}" for name in _subcommands(build_parser()) if f"`mellum-proxy {name}" not in page]
     missing += [f"mellum-proxy bench {name}" for name in _subcommands(bench_parser())
                 if f"bench {name}" not in page and f"mellum-proxy {name}" not in page]  # fmt: skip
+    missing += [f"python -m benchmarks {name}" for name in _subcommands(benchmarks_parser())
+                if f"`python -m benchmarks {name}" not in page]  # fmt: skip
     assert missing == []
 
 
 def test_the_counts_the_docs_give_are_the_codes() -> None:
     """`tune` runs `candidates()` plus direct and the oracle: the pages that quote its output say those numbers."""
-    from mellum_proxy.bench.runners.tune import candidates
+    from mellum_proxy.tuning.runners.tune import candidates
 
     count = len(candidates())
     for page in ("tuning.md", "getting-started.md"):

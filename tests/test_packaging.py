@@ -17,7 +17,8 @@ def test_the_wheel_installs_only_mellum_proxy_at_top_level(tmp_path: Path) -> No
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "mellum_proxy", source / "mellum_proxy", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("mellum_proxy", "benchmarks"):  # the repository's benchmarks beside it, left out of the wheel
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(source),
          "--wheel-dir", str(tmp_path / "dist")],
@@ -27,10 +28,11 @@ def test_the_wheel_installs_only_mellum_proxy_at_top_level(tmp_path: Path) -> No
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"mellum_proxy"}
-    # what the commands need at run time travels with it: the bench's traces and code, the page, the templates
-    shipped_data = ("bench/traces/json-crdt-blog-post.json.gz", "bench/code/inventory.py", "ui/index.html",
+    # what the commands need at run time travels with it: the tuning engine's traces, code and simulator profiles,
+    # the page, the templates
+    shipped_data = ("tuning/traces/json-crdt-blog-post.json.gz", "tuning/code/inventory.py", "ui/index.html",
                     "planner/configs/mellum-4b-base/config.json", "editor/templates/continue.yaml",
-                    "bench/doubles/profiles.json")  # fmt: skip
+                    "tuning/sim/profiles.json")  # fmt: skip
     for shipped in (f"mellum_proxy/{path}" for path in shipped_data):
         assert shipped in names
     entry_points = next(name for name in names if name.endswith(".dist-info/entry_points.txt"))

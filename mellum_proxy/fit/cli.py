@@ -223,8 +223,8 @@ def _speed(args: argparse.Namespace, choice: Choice, options: FitOptions) -> tup
 
 def _editor_side(args: argparse.Namespace, choice: Choice, options: FitOptions) -> bool:
     """Profile the chosen server, tune the policies on it, merge the choice; True when interrupted."""
-    from mellum_proxy.bench.reporting.tune_report import verdict
     from mellum_proxy.fit.editor_side import merged_toml, profile_chosen, tune_on
+    from mellum_proxy.tuning.reporting.tune_report import verdict
 
     print(f"editor side: profiling the chosen server ({choice.chosen.candidate.name})", flush=True)
     try:
@@ -276,7 +276,7 @@ def _write(args: argparse.Namespace, spec: SweepSpec, measured: list[Measurement
            because: str, floor: float | None, partial: str | None, server: str,
            speed: dict[str, Any] | None = None) -> None:  # fmt: skip
     """Write the run's files; a `partial` run (interrupted) says so in each, and prints no "next" line."""
-    from mellum_proxy.bench.reporting.writing import command_line  # the bench loads only when a command runs
+    from mellum_proxy.tuning.reporting.writing import command_line  # the bench loads only when a command runs
 
     overhead = spec.overhead_gib if spec.overhead_gib is not None else BACKEND_OVERHEAD_GIB[spec.backend]
     meta = {"command": command_line("mellum-proxy", skip=1), "server": server, "gpu_gib": spec.gpu_gib,

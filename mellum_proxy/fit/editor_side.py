@@ -34,8 +34,8 @@ def tune_on(measured: Any, traces: list[Path], limit_events: int, say: Callable[
     Raises:
         OSError, ValueError: a trace that cannot be read.
     """
-    from mellum_proxy.bench.runners.tune import read_typing, tune
-    from mellum_proxy.bench.workloads.trace import Trace, limited
+    from mellum_proxy.tuning.runners.tune import read_typing, tune
+    from mellum_proxy.tuning.workloads.trace import Trace, limited
 
     typing = [(path.name, list(limited(Trace(read_typing(path)), limit_events))) for path in traces]
     return tune(typing, measured, progress=say)
@@ -43,7 +43,7 @@ def tune_on(measured: Any, traces: list[Path], limit_events: int, say: Callable[
 
 def merged_toml(config: str, settings: dict[str, Any]) -> str:
     """`config.toml` with tune's settings that differ from the defaults (fit's own lines win)."""
-    from mellum_proxy.bench.runners.tune import config_toml
+    from mellum_proxy.tuning.runners.tune import config_toml
 
     present = {line.split("=", 1)[0].strip() for line in config.splitlines() if "=" in line}
     added = [line for line in config_toml(settings).splitlines()[2:] if line.split("=", 1)[0].strip() not in present]

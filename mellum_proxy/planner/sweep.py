@@ -159,5 +159,5 @@ def render(cells: list[Cell], spec: SweepSpec, pick: Cell | None, why: str, note
         )
     lines.append(f"why: {why}")
     lines += [f"note: {note}" for note in notes]
-    lines.append("note: a paper estimate is not a measurement: run `mellum-proxy bench ladder` near these limits")
+    lines.append("note: a paper estimate is not a measurement: run `python -m benchmarks ladder` near these limits")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ pause probability, the last `RECENT_GAPS` gaps and the probabilities at its last
 `MAX_SESSIONS` sessions, the least recent dropped.
 
 The weights are a prior fitted offline on the shipped traces (`pause_prior.json`, written by
-`mellum-proxy bench pauses`, which also scores it on traces it was not fitted on). What is learned online, per
+`python -m benchmarks pauses`, which also scores it on traces it was not fitted on). What is learned online, per
 session, is where to draw the line: when a request arrives, the gap since the previous one says whether that one
 began a pause; once a session has shown `MIN_PAUSES` pauses, its threshold is the probability under which the
 prior's share (`held_pauses`, 3 %) of its own recent pauses fell. So a typist whose pauses the prior scores low
@@ -134,7 +134,7 @@ class Prior:
     def from_json(cls, raw: dict[str, Any]) -> Prior:
         """Raises ValueError: the features it was fitted on are not this module's."""
         if tuple(raw.get("features", ())) != FEATURES:
-            raise ValueError("the pause prior was fitted on other features: refit it (mellum-proxy bench pauses)")
+            raise ValueError("the pause prior was fitted on other features: refit it (python -m benchmarks pauses)")
         about = {k: v for k, v in raw.items() if k not in ("weights", "threshold")}
         return cls(tuple(float(w) for w in raw["weights"]), float(raw["threshold"]), float(raw["held_pauses"]), about)
 

@@ -134,7 +134,7 @@ class Telemetry:
 def arrival(request: NormalizedRequest, at: float, with_text: bool) -> dict[str, object]:
     """One line of `serve --record`: when a request arrived and what it was, text only if asked. A prompt the
     client rendered with FIM markers is recorded as the text before and after its cursor, so that the typing
-    in it can be read back (`mellum_proxy.bench.workloads.convert.from_recording`)."""
+    in it can be read back (`mellum_proxy.tuning.workloads.convert.from_recording`)."""
     file, prefix, suffix = cursor_of(request) or (request.file_path, request.prefix, "")
     line: dict[str, object] = {
         "t": at,

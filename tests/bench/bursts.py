@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mellum_proxy.bench.workloads.trace import Edit, Open
+from mellum_proxy.tuning.workloads.trace import Edit, Open
 
 
 def burst_trace() -> list[Any]:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mellum_proxy.bench.doubles.sim import PROFILES, SimServer
+from mellum_proxy.tuning.sim.server import PROFILES, SimServer
 
 
 @pytest.fixture

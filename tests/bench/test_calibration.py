@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from mellum_proxy.bench.doubles.sim import PROFILES
-from mellum_proxy.bench.reporting.calibration_report import render
-from mellum_proxy.bench.runners.calibration import POLICIES, measure
-from mellum_proxy.bench.runners.lab import ORACLE
+from benchmarks.reporting.calibration_report import render
+from benchmarks.runners.calibration import POLICIES, measure
 from mellum_proxy.planner.server_profile import ServerProfile
+from mellum_proxy.tuning.runners.lab import ORACLE
+from mellum_proxy.tuning.sim.server import PROFILES
 from tests.bench.bursts import burst_trace
 
 pytestmark = pytest.mark.slow  # seconds of real time: in `make test`, not in `make test-fast`
@@ -29,7 +29,7 @@ async def test_the_lab_is_held_to_the_median_of_the_real_runs(sim_url: str) -> N
     direct = result["rows"][0]
     assert len(direct["runs"]) == 3 and direct["real"]["upstream_requests"] == 24  # the plugin's, every run
     assert direct["sim"]["upstream_requests"] == 24
-    table = render(result, "mellum-proxy bench calibrate bursts --runs 3")
+    table = render(result, "python -m benchmarks calibrate bursts --runs 3")
     assert "| real: median of 3 | real range | sim: median of 3 | sim range |" in table
     assert "| direct | upstream requests | 24 | 24-24 | 24 | 24-24 | yes |" in table
     assert len(direct["sim_runs"]) == 3  # the lab run as often as the real server, each its own seed
@@ -57,7 +57,7 @@ async def test_measured_before_each_turn_the_lab_runs_each_turn_on_its_own_profi
     assert [turn["idle_slowdown"] for turn in result["turn_profiles"]] == [1.0, 1.5]
     fast, slowed = (run["latency_p95_ms"] for run in result["rows"][0]["sim_runs"])
     assert fast is not None and slowed is not None and slowed > 2 * fast  # run 2 on the slow profile
-    assert "2 profiles: idle slowdown 1.00-1.50x" in render(result, "mellum-proxy bench calibrate bursts")
+    assert "2 profiles: idle slowdown 1.00-1.50x" in render(result, "python -m benchmarks calibrate bursts")
 
 
 async def test_a_turn_that_cannot_be_profiled_keeps_the_turns_run_and_takes_the_profile_before(sim_url: str) -> None:
@@ -87,4 +87,4 @@ async def test_with_the_oracle_it_takes_its_turn_after_the_defaults_and_sends_on
     assert oracle["policy"] == "oracle"
     sent = oracle["real"]["upstream_requests"]
     assert sent is not None and 0 < sent < 24 and oracle["sim"]["upstream_requests"] == sent  # one a pause
-    assert "| oracle | upstream requests |" in render(result, "mellum-proxy bench calibrate bursts --oracle")
+    assert "| oracle | upstream requests |" in render(result, "python -m benchmarks calibrate bursts --oracle")

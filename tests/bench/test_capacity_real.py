@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from mellum_proxy.bench.reporting.capacity_report import CapacityReport, render
-from mellum_proxy.bench.runners.capacity import P95_LIMIT_MS, judge
-from mellum_proxy.bench.runners.capacity_real import measure
-from mellum_proxy.bench.runners.policy import parse_policy
-from mellum_proxy.bench.runners.replay import run_developers
-from mellum_proxy.cli import main
+from benchmarks.cli import main
+from benchmarks.runners.capacity_real import measure
+from mellum_proxy.tuning.reporting.capacity_report import CapacityReport, render
+from mellum_proxy.tuning.runners.capacity import P95_LIMIT_MS, judge
+from mellum_proxy.tuning.runners.policy import parse_policy
+from mellum_proxy.tuning.runners.replay import run_developers
 from tests.bench.bursts import burst_trace
 
 
@@ -46,7 +46,7 @@ async def test_the_team_grows_until_a_count_is_not_carried_and_the_report_sets_t
                   "carried": True}]  # fmt: skip
     result: CapacityReport = {"upstream": "sim", **real, "lab_capacity": [{"policy": "direct", "developers": 1}],
               "lab_curve": lab_curve, "profile": "fast", "traces": ["bursts"], "edits": 24}  # fmt: skip
-    table = render(result, "mellum-proxy bench capacity bursts")
+    table = render(result, "python -m benchmarks capacity bursts")
     assert "| direct | 2 | 1 |" in table  # carried: real, lab
     assert "| direct | 1 |" in table and "| 50 | 100% | 100% | 24 | 24 | yes | yes |" in table
     assert "| direct | 2 |" in table and "| - | 100% | - | 48 | - | yes | - |" in table  # the lab did not try 2
@@ -54,7 +54,7 @@ async def test_the_team_grows_until_a_count_is_not_carried_and_the_report_sets_t
 
 @pytest.mark.parametrize("argv", [["--developers", "0"], ["--developers", "two"], ["--profile", "nowhere"]])
 def test_bad_input_is_one_line(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    trace = Path(__file__).parents[2] / "mellum_proxy/bench/traces/json-crdt-blog-post.json.gz"
+    trace = Path(__file__).parents[2] / "mellum_proxy/tuning/traces/json-crdt-blog-post.json.gz"
     with pytest.raises(SystemExit) as stopped:
-        main(["bench", "capacity", str(trace), "--out", str(tmp_path), *argv])
+        main(["capacity", str(trace), "--out", str(tmp_path), *argv])
     assert stopped.value.code == 2 and capsys.readouterr().err.count("\n") == 1

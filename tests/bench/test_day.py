@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mellum_proxy.bench.runners import day
+from benchmarks.runners import day
 
 pytestmark = [pytest.mark.slow, pytest.mark.embedded]  # real time and the real server: `make test` only
 

@@ -11,12 +11,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.sim import PROFILES, SimServer
-from mellum_proxy.bench.runners.playback import schedule
-from mellum_proxy.bench.runners.policy import parse_policy
-from mellum_proxy.bench.runners.replay import run_policy
-from mellum_proxy.bench.workloads.editor import EditMark, RequestResult, account
-from mellum_proxy.bench.workloads.trace import Edit, Event, Open
+from mellum_proxy.tuning.runners.playback import schedule
+from mellum_proxy.tuning.runners.policy import parse_policy
+from mellum_proxy.tuning.runners.replay import run_policy
+from mellum_proxy.tuning.sim.server import PROFILES, SimServer
+from mellum_proxy.tuning.workloads.editor import EditMark, RequestResult, account
+from mellum_proxy.tuning.workloads.trace import Edit, Event, Open
 from tests.bench.bursts import burst_trace
 
 
@@ -94,7 +94,7 @@ async def test_debounce_sends_fewer_requests_than_direct_on_the_simulator(sim_ur
 async def test_sim_refuses_a_prompt_over_a_slots_context_and_queues_the_rest(aiohttp_client: Any) -> None:
     from dataclasses import replace
 
-    from mellum_proxy.bench.doubles.sim import PROFILES, SimServer
+    from mellum_proxy.tuning.sim.server import PROFILES, SimServer
 
     sim = SimServer(replace(PROFILES["fast"], kv_tokens=200, slots=2))  # 100 tokens a slot
     client = await aiohttp_client(sim.app())
@@ -108,7 +108,7 @@ async def test_sim_refuses_a_prompt_over_a_slots_context_and_queues_the_rest(aio
 
 
 async def test_report_files(tmp_path: Path, sim_url: str) -> None:
-    from mellum_proxy.bench.reporting.replay_report import write
+    from mellum_proxy.tuning.reporting.replay_report import write
 
     result = await run_policy(parse_policy("direct"), burst_trace()[:5], sim_url)
     paths = write([result], tmp_path, "mellum-proxy bench replay t --upstream sim", ["note"])
@@ -118,8 +118,8 @@ async def test_report_files(tmp_path: Path, sim_url: str) -> None:
 
 
 async def test_reports_of_separate_runs_merge(tmp_path: Path, sim_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from mellum_proxy.bench.reporting.replay_report import load, write
     from mellum_proxy.cli import main
+    from mellum_proxy.tuning.reporting.replay_report import load, write
 
     first = await run_policy(parse_policy("direct"), burst_trace()[:5], sim_url)
     second = await run_policy(parse_policy("proxied:debounce_ms=0,tokenizer=chars"), burst_trace()[:5], sim_url)
@@ -135,9 +135,9 @@ async def test_reports_of_separate_runs_merge(tmp_path: Path, sim_url: str, caps
 
 @pytest.mark.slow
 async def test_every_replay_reads_its_policies_against_the_oracle(tmp_path: Path, sim_url: str) -> None:
-    from mellum_proxy.bench.reporting.replay_report import load
-    from mellum_proxy.bench.workloads.trace import Trace, write_trace
     from mellum_proxy.cli import main
+    from mellum_proxy.tuning.reporting.replay_report import load
+    from mellum_proxy.tuning.workloads.trace import Trace, write_trace
 
     write_trace(Trace(burst_trace()), tmp_path / "bursts.jsonl")  # three bursts of eight keystrokes, three pauses
     argv = ["bench", "replay", str(tmp_path / "bursts.jsonl"), "--upstream", sim_url, "--policy", "direct",
@@ -156,8 +156,8 @@ async def test_the_server_counters_are_read_once_it_has_finished(aiohttp_server:
     cannot be interrupted): the waste is read after them, and how long that took is reported."""
     from dataclasses import replace
 
-    from mellum_proxy.bench.doubles.sim import PROFILES, SimServer
-    from mellum_proxy.bench.workloads.trace import Edit, Open
+    from mellum_proxy.tuning.sim.server import PROFILES, SimServer
+    from mellum_proxy.tuning.workloads.trace import Edit, Open
 
     slow = SimServer(replace(PROFILES["fast"], prefill_tps=400, slots=2))
     url = str((await aiohttp_server(slow.app())).make_url("")).rstrip("/")

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from mellum_proxy.bench.doubles.fast_model import FastShape, write_fast_model
-from mellum_proxy.cli import main
+from benchmarks.cli import main
+from benchmarks.doubles.fast_model import FastShape, write_fast_model
 from mellum_proxy.proc import pin_apart, thread_ids
 from mellum_proxy.upstream.embedded import EmbeddedServer
 
@@ -52,5 +52,5 @@ def test_the_fast_model_tokenizes_as_gemma_and_completes_pinned_apart(tmp_path: 
 @pytest.mark.parametrize("argv", [["--hidden", "30", "--heads", "4"], ["--heads", "4", "--kv-heads", "3"]])
 def test_a_shape_llama_cannot_split_is_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:
-        main(["bench", "fast-model", "--out", "x.gguf", *argv])
+        main(["fast-model", "--out", "x.gguf", *argv])
     assert stopped.value.code == 2 and capsys.readouterr().err.count("\n") == 1

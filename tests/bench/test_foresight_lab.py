@@ -8,14 +8,15 @@ import sys
 
 import pytest
 
-from mellum_proxy.bench.doubles.sim import PROFILES
-from mellum_proxy.bench.reporting.lab_report import foresight_against_defaults
-from mellum_proxy.bench.runners import capacity, pauses
-from mellum_proxy.bench.runners.lab import ORACLE, run_lab
-from mellum_proxy.bench.runners.policy import Policy, parse_policy
-from mellum_proxy.bench.workloads.synth import synthesize
-from mellum_proxy.bench.workloads.trace import Edit, Event, Open
+from benchmarks.runners import pauses
 from mellum_proxy.policies.pause_model import MIN_PAUSES, Prior
+from mellum_proxy.tuning.reporting.lab_report import foresight_against_defaults
+from mellum_proxy.tuning.runners import capacity
+from mellum_proxy.tuning.runners.lab import ORACLE, run_lab
+from mellum_proxy.tuning.runners.policy import Policy, parse_policy
+from mellum_proxy.tuning.sim.server import PROFILES
+from mellum_proxy.tuning.workloads.synth import synthesize
+from mellum_proxy.tuning.workloads.trace import Edit, Event, Open
 
 SOURCE = "def total(items):\n    return sum(item.price for item in items)\n"
 

@@ -7,17 +7,17 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from mellum_proxy.bench.doubles.sim import PROFILES
-from mellum_proxy.bench.doubles.sim_engine import SimEngine
-from mellum_proxy.bench.reporting.lab_report import pareto
-from mellum_proxy.bench.runners.lab import run_lab
-from mellum_proxy.bench.runners.policy import Policy
-from mellum_proxy.bench.workloads.synth import synthesize
-from mellum_proxy.bench.workloads.trace import Edit, Event, Open, next_typed
+from mellum_proxy.tuning.reporting.lab_report import pareto
+from mellum_proxy.tuning.runners.lab import run_lab
+from mellum_proxy.tuning.runners.policy import Policy
+from mellum_proxy.tuning.sim.engine import SimEngine
+from mellum_proxy.tuning.sim.server import PROFILES
+from mellum_proxy.tuning.workloads.synth import synthesize
+from mellum_proxy.tuning.workloads.trace import Edit, Event, Open, next_typed
 from tests.virtual_time import run_virtual
 
 SLOW = replace(PROFILES["embedded-cpu"], slots=1, overhead_ms=0, batch_penalty=0)
-SYNTH_SOURCE_DIR = Path(__file__).parents[2] / "mellum_proxy" / "bench" / "code"
+SYNTH_SOURCE_DIR = Path(__file__).parents[2] / "mellum_proxy" / "tuning" / "code"
 
 
 def test_prefill_is_not_interrupted_and_decode_stops_at_the_next_token() -> None:
@@ -140,8 +140,8 @@ def test_the_lab_replays_direct_and_the_defaults_and_reuse_saves_requests() -> N
 def test_the_server_never_holds_more_than_max_concurrency_of_the_proxys_requests() -> None:
     """Server-true admission on the llama.cpp-like simulator, with a fast typist against a slow server:
     cancelled requests keep their slot until the server has let them go."""
-    from mellum_proxy.bench.workloads.synth import synthesize
-    from mellum_proxy.bench.workloads.trace import Trace, limited
+    from mellum_proxy.tuning.workloads.synth import synthesize
+    from mellum_proxy.tuning.workloads.trace import Trace, limited
 
     source = (SYNTH_SOURCE_DIR / "inventory.py").read_text()
     events = list(limited(Trace(synthesize(source, "inventory.py", seed=3, typist="fast").events), 300))
@@ -155,9 +155,9 @@ def test_the_server_never_holds_more_than_max_concurrency_of_the_proxys_requests
 def test_a_prompt_over_a_slot_is_the_servers_400_not_a_proxy_defect() -> None:
     """The simulator's refusal (a prompt over a slot's context) reaches the service as llama.cpp's 400, which
     the proxy reads as a context overflow; it was a TypeError once, recorded `internal_error`."""
-    from mellum_proxy.bench.runners.lab_parts import EngineSource, Writer
     from mellum_proxy.errors import UpstreamStatusError
     from mellum_proxy.models import BudgetedPrompt, NormalizedRequest
+    from mellum_proxy.tuning.runners.lab_parts import EngineSource, Writer
     from mellum_proxy.upstream.servers import context_overflow
 
     async def run() -> None:
@@ -177,8 +177,8 @@ def test_a_prompt_over_a_slot_is_the_servers_400_not_a_proxy_defect() -> None:
 
 
 def test_the_oracle_sends_one_request_per_pause_the_moment_typing_stops() -> None:
-    from mellum_proxy.bench.runners.lab import ORACLE
-    from mellum_proxy.bench.runners.playback import pause_starts
+    from mellum_proxy.tuning.runners.lab import ORACLE
+    from mellum_proxy.tuning.runners.playback import pause_starts
     from tests.bench.bursts import burst_trace
 
     events = burst_trace()  # three bursts of eight keystrokes, each followed by a pause
@@ -191,8 +191,8 @@ def test_the_oracle_sends_one_request_per_pause_the_moment_typing_stops() -> Non
 
 
 def test_the_defaults_are_held_to_the_oracle_when_it_ran() -> None:
-    from mellum_proxy.bench.reporting.lab_report import meets_targets
-    from mellum_proxy.bench.reporting.results import LabResult
+    from mellum_proxy.tuning.reporting.lab_report import meets_targets
+    from mellum_proxy.tuning.reporting.results import LabResult
 
     def result(name: str, requests: int, p95: float, waste: int) -> LabResult:
         return LabResult(policy=name, trace="t", profile="p", accuracy=0.3, edits=100, pauses=10, pause_coverage=0.9,
@@ -211,10 +211,10 @@ def test_the_defaults_are_held_to_the_oracle_when_it_ran() -> None:
 
 
 def test_no_policy_without_foresight_sends_fewer_than_the_edits_followed_by_a_longer_gap() -> None:
-    from mellum_proxy.bench.reporting.lab_report import summarize
-    from mellum_proxy.bench.runners.lab import ORACLE
-    from mellum_proxy.bench.runners.playback import gaps_after
-    from mellum_proxy.bench.workloads.editor import no_foresight_floor
+    from mellum_proxy.tuning.reporting.lab_report import summarize
+    from mellum_proxy.tuning.runners.lab import ORACLE
+    from mellum_proxy.tuning.runners.playback import gaps_after
+    from mellum_proxy.tuning.workloads.editor import no_foresight_floor
     from tests.bench.bursts import burst_trace
 
     events = burst_trace()  # three bursts of eight keystrokes 40 ms apart, each followed by a pause
@@ -232,8 +232,8 @@ def test_no_policy_without_foresight_sends_fewer_than_the_edits_followed_by_a_lo
 
 
 def test_p95_is_compared_over_the_pauses_both_answered() -> None:
-    from mellum_proxy.bench.reporting.lab_report import meets_targets
-    from mellum_proxy.bench.reporting.results import LabResult
+    from mellum_proxy.tuning.reporting.lab_report import meets_targets
+    from mellum_proxy.tuning.reporting.results import LabResult
 
     def result(name: str, latencies: dict[int, float]) -> LabResult:
         return LabResult(policy=name, trace="t", profile="p", accuracy=0.0, edits=100, pauses=10,
@@ -250,7 +250,7 @@ def test_p95_is_compared_over_the_pauses_both_answered() -> None:
 
 
 def test_the_oracle_lets_go_of_a_suggestion_once_typing_resumes() -> None:
-    from mellum_proxy.bench.runners.lab import ORACLE
+    from mellum_proxy.tuning.runners.lab import ORACLE
     from tests.bench.bursts import burst_trace
 
     slow = replace(PROFILES["fast"], name="slow-decode", decode_tps=10)  # 16 tokens take 1.6 s, pauses are 0.6 s
@@ -261,8 +261,8 @@ def test_the_oracle_lets_go_of_a_suggestion_once_typing_resumes() -> None:
 
 
 def test_with_a_grid_each_target_says_how_many_policies_met_it() -> None:
-    from mellum_proxy.bench.reporting.lab_report import render, summarize
-    from mellum_proxy.bench.runners.lab import ORACLE
+    from mellum_proxy.tuning.reporting.lab_report import render, summarize
+    from mellum_proxy.tuning.runners.lab import ORACLE
     from tests.bench.bursts import burst_trace
 
     events = burst_trace()

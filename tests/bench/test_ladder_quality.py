@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.responder import Responder
-from mellum_proxy.bench.reporting import ladder_report, quality_report
-from mellum_proxy.bench.runners import ladder, quality
-from mellum_proxy.bench.workloads.corpus import code_texts
+from benchmarks.reporting import ladder_report
+from benchmarks.runners import ladder
 from mellum_proxy.budget import HfTokenizer
+from mellum_proxy.tuning.reporting import quality_report
+from mellum_proxy.tuning.runners import quality
+from mellum_proxy.tuning.sim.responder import Responder
+from mellum_proxy.tuning.workloads.corpus import code_texts
 
 CODE = "\n".join(code_texts())
 
@@ -130,7 +132,7 @@ def test_request_bodies() -> None:
 def test_the_budget_bench_counts_a_reused_answer_as_no_prompt() -> None:
     """A keystroke typed through the last completion is answered without `usage` (no upstream request):
     `bench budget` once crashed on it with KeyError: 'usage'."""
-    from mellum_proxy.bench.runners.budget import CONTEXT, MAX_TOKENS, over_budget
+    from benchmarks.runners.budget import CONTEXT, MAX_TOKENS, over_budget
 
     assert over_budget({"choices": [{"text": "rest"}]}) is False
     assert over_budget({"usage": {"prompt_tokens": CONTEXT - MAX_TOKENS}}) is False

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mellum_proxy.bench.reporting.lanes_report import render
-from mellum_proxy.bench.runners.lanes import MODES, measure
+from benchmarks.reporting.lanes_report import render
+from benchmarks.runners.lanes import MODES, measure
 
 pytestmark = pytest.mark.slow  # four runs of real time
 
@@ -18,5 +18,5 @@ async def test_four_runs_under_the_same_load_and_a_report() -> None:
     for mode, run in result["modes"].items():
         assert run["completions"] >= 5 and run["ttft_p95_ms"] is not None
         assert (run["chat_answers"] > 0) == (mode != "alone")  # every chat client completes answers
-    report = render(result, "mellum-proxy bench lanes")
+    report = render(result, "python -m benchmarks lanes")
     assert "| lanes |" in report and "Target" in report

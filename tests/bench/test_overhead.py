@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from mellum_proxy.bench.reporting.overhead_report import render
-from mellum_proxy.bench.runners.overhead import RELAYS, measure
-from mellum_proxy.cli import main
+from benchmarks.cli import main
+from benchmarks.reporting.overhead_report import render
+from benchmarks.runners.overhead import RELAYS, measure
 from mellum_proxy.config import default_log_path
 
 
@@ -41,14 +41,14 @@ async def test_every_round_measures_both_relays_and_the_proxy() -> None:
         "proxy_process_over_nginx",
     )
     assert set(result["summary"]) == {f"{ratio}_{key}" for key in keys for ratio in ratios}
-    report = render(result, "mellum-proxy bench overhead")
+    report = render(result, "python -m benchmarks overhead")
     assert all(report.count(f"| {path} |") == 2 for path in result["paths"][1:])
     assert set(result["paths"]) >= set(RELAYS) - {"nginx"}  # every path but nginx, which is measured where installed
     assert {"parsing_process", "proxy_process"} <= set(result["paths"])  # each in a process of its own
 
 
 def test_cli_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    main(["bench", "overhead", "--requests", "3", "--rounds", "1", "--tokens", "2", "--out", str(tmp_path)])
+    main(["overhead", "--requests", "3", "--rounds", "1", "--tokens", "2", "--out", str(tmp_path)])
     data = orjson.loads((tmp_path / "overhead.json").read_bytes())
     assert data["requests"] == 3 and len(data["rows"]) == 1
     assert "# Relay overhead" in (tmp_path / "overhead.md").read_text()
@@ -58,14 +58,14 @@ def test_cli_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str
 @pytest.mark.parametrize("flag", ["--requests", "--rounds", "--tokens"])
 def test_impossible_numbers_are_one_line_and_exit_2(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:
-        main(["bench", "overhead", flag, "0"])
+        main(["overhead", flag, "0"])
     assert stopped.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "must be at least 1" in err[-1]
 
 
 def test_added_latency_is_read_at_the_50th_and_95th_percentiles() -> None:
-    from mellum_proxy.bench.runners.overhead import PathRound, _row
+    from benchmarks.runners.overhead import PathRound, _row
 
     direct = PathRound(ttft_ms=[1.0] * 100, total_ms=[2.0] * 100)
     slow_tail = [1.0 + i / 100 for i in range(100)]  # added 0.00 .. 0.99 ms
@@ -81,7 +81,7 @@ def test_the_parsing_floor_is_written_without_the_package() -> None:
     """A floor that used the proxy's own reader would move with the code it judges."""
     import ast
 
-    from mellum_proxy.bench.doubles import floor_relay
+    from benchmarks.doubles import floor_relay
 
     tree = ast.parse(Path(floor_relay.__file__).read_text())
     imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
@@ -94,8 +94,8 @@ async def test_a_relay_in_its_own_process_has_its_cpu_over_the_round_added(monke
     process's part of its requests."""
     import aiohttp
 
-    from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
-    from mellum_proxy.bench.runners import overhead
+    from benchmarks.doubles.fake_upstream import FakeUpstream
+    from benchmarks.runners import overhead
     from mellum_proxy.http import serve_app
 
     readings = iter([2.0, 2.25])  # the relay process's CPU seconds before and after
@@ -113,7 +113,7 @@ def test_a_relay_process_that_does_not_start_is_one_line_and_exit_2(
     import contextlib
     from collections.abc import AsyncIterator, Sequence
 
-    from mellum_proxy.bench.runners import overhead
+    from benchmarks.runners import overhead
 
     @contextlib.asynccontextmanager
     async def dies(argv: Sequence[str], port: int) -> AsyncIterator[int]:
@@ -122,7 +122,7 @@ def test_a_relay_process_that_does_not_start_is_one_line_and_exit_2(
 
     monkeypatch.setattr(overhead, "listening", dies)
     with pytest.raises(SystemExit) as stopped:
-        main(["bench", "overhead", "--requests", "1", "--rounds", "1", "--out", str(tmp_path)])
+        main(["overhead", "--requests", "1", "--rounds", "1", "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert stopped.value.code == 2 and len(err) == 1
     assert "did not start" in err[0] and "exited with 1" in err[0]
@@ -133,8 +133,9 @@ def test_sigterm_or_sighup_stop_the_bench_and_everything_it_started(tmp_path: Pa
     """A `timeout` or a closed terminal mid-run: its relays, page reader and nginx (where installed) stopped, their
     temp folders gone, one line and exit 130, no traceback."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "mellum_proxy", "bench", "overhead", "--rounds", "50", "--out", str(tmp_path)]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as bench:
+    command = [sys.executable, "-m", "benchmarks", "overhead", "--rounds", "50", "--out", str(tmp_path)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[2]) as bench:  # fmt: skip
         assert bench.stdout is not None
         for line in bench.stdout:  # a round done: every relay is up
             if line.startswith("round 1"):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mellum_proxy.bench.runners.processes import listening
+from benchmarks.runners.processes import listening
 from mellum_proxy.proc import cpu_seconds
 from mellum_proxy.urls import free_port
 

@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from mellum_proxy.bench.runners.replay import count_unmetered
-from mellum_proxy.bench.workloads.editor import RequestResult
+from mellum_proxy.tuning.runners.replay import count_unmetered
+from mellum_proxy.tuning.workloads.editor import RequestResult
 
 
 @pytest.mark.embedded
@@ -38,8 +38,8 @@ async def test_a_server_that_cannot_count_leaves_it_at_zero(fake_upstream: Any) 
 async def test_the_servers_decode_time_a_token_comes_from_its_own_counters(embedded_server: Any) -> None:
     """llama.cpp's `tokens_predicted_seconds_total` over `tokens_predicted_total`, read before and after the run:
     what `bench calibrate` holds the lab's decode speed to."""
-    from mellum_proxy.bench.runners.policy import parse_policy
-    from mellum_proxy.bench.runners.replay import run_policy
+    from mellum_proxy.tuning.runners.policy import parse_policy
+    from mellum_proxy.tuning.runners.replay import run_policy
     from tests.bench.bursts import burst_trace
 
     result = await run_policy(parse_policy("direct"), burst_trace()[:6], embedded_server.url, max_tokens=4)
@@ -48,8 +48,8 @@ async def test_the_servers_decode_time_a_token_comes_from_its_own_counters(embed
 
 
 async def test_a_server_without_the_counters_has_no_decode_time(fake_upstream: Any) -> None:
-    from mellum_proxy.bench.runners.policy import parse_policy
-    from mellum_proxy.bench.runners.replay import run_policy
+    from mellum_proxy.tuning.runners.policy import parse_policy
+    from mellum_proxy.tuning.runners.replay import run_policy
     from tests.bench.bursts import burst_trace
 
     _, url = await fake_upstream()
@@ -59,7 +59,7 @@ async def test_a_server_without_the_counters_has_no_decode_time(fake_upstream: A
 
 def test_counters_that_went_back_give_no_decode_time() -> None:
     """A server restarted between the readings before and after a run: its counters start again at 0."""
-    from mellum_proxy.bench.reporting.results import ms_per_token
+    from mellum_proxy.tuning.reporting.results import ms_per_token
 
     assert ms_per_token(0.5, 100) == 5.0
     assert ms_per_token(-3.0, -600) is None and ms_per_token(0.5, -10) is None and ms_per_token(None, 100) is None

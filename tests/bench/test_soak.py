@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mellum_proxy.bench.runners.soak import measure
+from benchmarks.runners.soak import measure
 
 pytestmark = pytest.mark.slow  # seconds of real time: in `make test`, not in `make test-fast`
 

@@ -9,11 +9,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from mellum_proxy.bench.reporting.results import PolicyResult
-from mellum_proxy.bench.reporting.team_report import developers_markdown, failover_times, failures
-from mellum_proxy.bench.runners.policy import parse_policy
-from mellum_proxy.bench.runners.replay import run_developers
-from mellum_proxy.bench.runners.team import Tap
+from benchmarks.reporting.team_report import failover_times, failures
+from benchmarks.runners.team import Tap
+from mellum_proxy.tuning.reporting.replay_report import developers_markdown
+from mellum_proxy.tuning.reporting.results import PolicyResult
+from mellum_proxy.tuning.runners.policy import parse_policy
+from mellum_proxy.tuning.runners.replay import run_developers
 from tests.bench.bursts import burst_trace
 
 pytestmark = pytest.mark.slow  # seconds of real time: in `make test`, not in `make test-fast`

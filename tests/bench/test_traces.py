@@ -10,10 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from mellum_proxy.bench.workloads.convert import from_josephg, from_progsnap2, from_recording
-from mellum_proxy.bench.workloads.corpus import code_files
-from mellum_proxy.bench.workloads.synth import synthesize
-from mellum_proxy.bench.workloads.trace import (
+from mellum_proxy.tuning.workloads.convert import from_josephg, from_progsnap2, from_recording
+from mellum_proxy.tuning.workloads.corpus import code_files
+from mellum_proxy.tuning.workloads.synth import synthesize
+from mellum_proxy.tuning.workloads.trace import (
     Edit,
     Open,
     Trace,
@@ -24,7 +24,7 @@ from mellum_proxy.bench.workloads.trace import (
     write_trace,
 )
 
-TRACES = Path(__file__).resolve().parents[2] / "mellum_proxy" / "bench" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "mellum_proxy" / "tuning" / "traces"
 
 
 @pytest.mark.parametrize("name", ["json-crdt-blog-post", "sveltecomponent"])

@@ -8,13 +8,13 @@ from typing import Any
 import orjson
 import pytest
 
-from mellum_proxy.bench.doubles.sim import PROFILES
-from mellum_proxy.bench.reporting.lab_report import plot
-from mellum_proxy.bench.reporting.tune_report import verdict
-from mellum_proxy.bench.runners.policy import Policy
-from mellum_proxy.bench.runners.tune import config_toml, read_typing, tune
 from mellum_proxy.cli import main
 from mellum_proxy.settings_file import load_settings
+from mellum_proxy.tuning.reporting.lab_report import plot
+from mellum_proxy.tuning.reporting.tune_report import verdict
+from mellum_proxy.tuning.runners.policy import Policy
+from mellum_proxy.tuning.runners.tune import config_toml, read_typing, tune
+from mellum_proxy.tuning.sim.server import PROFILES
 from tests.bench.bursts import burst_trace
 
 CANDIDATES = [Policy("defaults", {}), Policy("fixed=300", {"dispatch": "fixed", "debounce_ms": 300}),
@@ -92,8 +92,8 @@ def test_an_unknown_profile_is_one_line_and_exit_2(tmp_path: Path, capsys: pytes
 
 
 def test_a_candidate_that_meets_every_target_wins_over_defaults_that_do_not() -> None:
-    from mellum_proxy.bench.reporting.results import LabResult
-    from mellum_proxy.bench.runners.tune import choose
+    from mellum_proxy.tuning.reporting.results import LabResult
+    from mellum_proxy.tuning.runners.tune import choose
 
     def run(name: str, requests: int, p95: float, accuracy: float) -> LabResult:
         return LabResult(policy=name, trace="me", profile="p", accuracy=accuracy, edits=100, pauses=10,
@@ -111,8 +111,8 @@ def test_a_candidate_that_meets_every_target_wins_over_defaults_that_do_not() ->
 
 
 def test_a_target_no_policy_could_meet_at_accuracy_0_is_not_held_against_any() -> None:
-    from mellum_proxy.bench.reporting.results import LabResult
-    from mellum_proxy.bench.runners.tune import choose
+    from mellum_proxy.tuning.reporting.results import LabResult
+    from mellum_proxy.tuning.runners.tune import choose
 
     def run(name: str, requests: int, accuracy: float) -> LabResult:
         return LabResult(policy=name, trace="me", profile="p", accuracy=accuracy, edits=100, pauses=10,

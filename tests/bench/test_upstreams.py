@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from mellum_proxy.bench.runners.upstreams import context_limit, upstream_for
+from benchmarks.upstreams import upstream_for as benchmark_upstream_for
 from mellum_proxy.proc import thread_ids
+from mellum_proxy.tuning.runners.upstreams import context_limit, upstream_for
 
 
 @pytest.mark.embedded
@@ -27,6 +28,16 @@ def test_the_embedded_server_knows_its_own_threads(embedded_server: Any) -> None
 async def test_pinning_a_server_not_embedded_is_one_line(sim_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:
         async with upstream_for(sim_url, pin_server=True):
+            pytest.fail("a server in another process cannot be pinned from here")
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1 and "--upstream embedded" in err
+
+
+async def test_the_benchmarks_add_the_fast_model_and_say_so_when_pinning_another(
+    sim_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        async with benchmark_upstream_for(sim_url, pin_server=True):
             pytest.fail("a server in another process cannot be pinned from here")
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and err.count("\n") == 1 and "--upstream embedded or fast" in err

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mellum_proxy.bench.runners import ladder
+from benchmarks.runners import ladder
 from mellum_proxy.budget.tokenizers import CountingTokenizer, UpstreamTokenizer, _vocab_byte_lengths, upstream_counter
 from mellum_proxy.http import PROBES, RECORDS
 from mellum_proxy.upstream.client import UpstreamClient

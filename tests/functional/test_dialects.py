@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from benchmarks.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.http import PROBES, RECORDS
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory

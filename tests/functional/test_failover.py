@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from benchmarks.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.config import Settings
 from mellum_proxy.http import RECORDS, TELEMETRY, UPSTREAMS
 from mellum_proxy.telemetry.stats import read_log

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.fault_upstream import FaultUpstream, SilentServer, captive_portal
+from benchmarks.doubles.fault_upstream import FaultUpstream, SilentServer, captive_portal
 from mellum_proxy.http import POLICIES, RECORDS, SERVICE, UPSTREAMS
 from mellum_proxy.observe import Changes
 from tests.conftest import ProxyFactory

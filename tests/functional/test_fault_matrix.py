@@ -1,4 +1,4 @@
-"""The fault matrix: every upstream fault of `mellum_proxy.bench.doubles.fault_upstream` through every completion
+"""The fault matrix: every upstream fault of `benchmarks.doubles.fault_upstream` through every completion
 dialect, streamed and not, and through the pass-through chat route.
 
 Each cell asserts what the editor gets (status, the dialect's own error shape or a stream that ends
@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
-from mellum_proxy.bench.doubles.fault_upstream import FAULTS, FaultUpstream
+from benchmarks.doubles.fault_upstream import FAULTS, FaultUpstream
 from mellum_proxy.http import RECORDS, TELEMETRY
 from mellum_proxy.telemetry.stats import read_log
 from tests.conftest import ProxyFactory

@@ -19,7 +19,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from benchmarks.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.config import Settings
 from mellum_proxy.http import RECORDS, build_app
 from mellum_proxy.http.server import serve_app

@@ -15,9 +15,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.responder import Responder, answering, routes
 from mellum_proxy.http import POLICIES, RECORDS, TELEMETRY
 from mellum_proxy.telemetry.stats import read_log, stats
+from mellum_proxy.tuning.sim.responder import Responder, answering, routes
 from mellum_proxy.upstream.client import COMPLETION_PRIORITY, SLO_TTFT_HEADER
 from tests.conftest import ProxyFactory
 from tests.shapes import openai_shape

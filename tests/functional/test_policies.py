@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from benchmarks.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.http import POLICIES, RECORDS
 from tests.conftest import ProxyFactory
 from tests.sse import collect_text, events

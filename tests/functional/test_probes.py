@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.responder import routes
 from mellum_proxy.http import POLICIES, PROBES, SERVICE
+from mellum_proxy.tuning.sim.responder import routes
 from tests.conftest import ProxyFactory
 
 

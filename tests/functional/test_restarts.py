@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from benchmarks.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.http import PROBES, UPSTREAMS
 from tests.conftest import ProxyFactory
 

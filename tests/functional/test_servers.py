@@ -13,9 +13,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
-from mellum_proxy.bench.doubles.responder import answering, routes
+from benchmarks.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.http import POLICIES, PROBES, RECORDS
+from mellum_proxy.tuning.sim.responder import answering, routes
 from tests.conftest import ProxyFactory
 
 

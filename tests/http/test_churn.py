@@ -9,7 +9,7 @@ import logging
 import aiohttp
 import pytest
 
-from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from benchmarks.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.config import Settings
 from mellum_proxy.http import RECORDS
 from mellum_proxy.http.app import build_app

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
+from benchmarks.doubles.fake_upstream import FakeUpstream
 from mellum_proxy.config import Settings
 from mellum_proxy.http import RECORDS, TELEMETRY
 from mellum_proxy.http.server import serve, serve_app
@@ -191,7 +191,7 @@ async def test_a_defect_after_the_first_event_ends_the_stream_and_is_recorded(
 ) -> None:
     """An exception nobody expected, once the editor has its first event: the stream ends in Ollama's own
     way (an error line, then `done: true`), never with a second HTTP response inside the body."""
-    from mellum_proxy.bench.doubles.fault_upstream import FaultUpstream
+    from benchmarks.doubles.fault_upstream import FaultUpstream
     from mellum_proxy.dialects.ollama import OllamaEncoder
 
     calls = {"n": 0}

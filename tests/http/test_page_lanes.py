@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.responder import answering, routes
 from mellum_proxy.models import Outcome
+from mellum_proxy.tuning.sim.responder import answering, routes
 from tests.browser import chromium, chromium_binary
 from tests.conftest import ProxyFactory
 from tests.sse import page_state

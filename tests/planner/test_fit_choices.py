@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from mellum_proxy.bench.workloads.trace import Edit, Open
 from mellum_proxy.cli import main
 from mellum_proxy.fit import speed
 from mellum_proxy.fit.candidates import Candidate, choose_candidates
@@ -20,6 +19,7 @@ from mellum_proxy.fit.report import config_toml
 from mellum_proxy.planner.inspect import BUNDLED, inspect_path
 from mellum_proxy.planner.sweep import SweepSpec
 from mellum_proxy.settings_file import load_settings
+from mellum_proxy.tuning.workloads.trace import Edit, Open
 
 MELLUM_4B = BUNDLED / "mellum-4b-base"
 

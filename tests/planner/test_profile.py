@@ -8,10 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
-from mellum_proxy.bench.doubles.sim import profile as sim_profile
 from mellum_proxy.cli import main
 from mellum_proxy.planner.cli import _speculating
 from mellum_proxy.planner.profile import _fit, profile
+from mellum_proxy.tuning.sim.server import profile as sim_profile
 
 
 @pytest.mark.embedded

@@ -64,8 +64,8 @@ def test_without_a_log_stats_and_doctor_say_why_in_one_line(capsys: pytest.Captu
 
 def test_tune_reads_the_request_log_as_typing(tmp_path: Path) -> None:
     """Its timing and sizes: each request an edit in its session, no text to type through."""
-    from mellum_proxy.bench.runners.tune import read_typing
-    from mellum_proxy.bench.workloads.trace import Edit, Open
+    from mellum_proxy.tuning.runners.tune import read_typing
+    from mellum_proxy.tuning.workloads.trace import Edit, Open
 
     log = tmp_path / "requests.jsonl"
     lines = [{"event": "request", "id": f"r{i}", "session": "s", "received_at": 100 + i * 0.2, "prompt_chars": 10 + i,

@@ -12,8 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from mellum_proxy.bench.doubles.fake_upstream import FakeUpstream
-from mellum_proxy.bench.runners.processes import wait_healthy
+from benchmarks.doubles.fake_upstream import FakeUpstream
+from benchmarks.runners.processes import wait_healthy
 from mellum_proxy.http import serve_app
 from mellum_proxy.telemetry.stats import log_files, read_log
 from mellum_proxy.urls import free_port

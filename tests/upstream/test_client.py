@@ -9,10 +9,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.responder import Responder
 from mellum_proxy.dialects.openai import DONE, sse, text_completion
 from mellum_proxy.errors import UpstreamError
 from mellum_proxy.models import BudgetedPrompt, NormalizedRequest
+from mellum_proxy.tuning.sim.responder import Responder
 from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.embedded import EmbeddedServer
 from tests.conftest import ProxyFactory

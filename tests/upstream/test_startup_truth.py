@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from mellum_proxy.bench.doubles.fault_upstream import captive_portal
+from benchmarks.doubles.fault_upstream import captive_portal
 from mellum_proxy.http import UPSTREAMS
 from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.health import answer_problem

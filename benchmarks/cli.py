@@ -1,0 +1,44 @@
+"""`python -m benchmarks NAME`: each measurement is added by the module that runs it (`add_commands`)."""
+
+from __future__ import annotations
+
+from benchmarks.runners import (
+    breaks,
+    budget,
+    calibration,
+    capacity_real,
+    day,
+    fast_model,
+    first_run,
+    gpu_check,
+    ladder,
+    lanes,
+    memory,
+    overhead,
+    pauses,
+    soak,
+    team,
+)
+from mellum_proxy.console import Parser
+from mellum_proxy.stopping import run_as_command
+
+COMMANDS = (team, ladder, overhead, budget, first_run, memory, soak, calibration, pauses, lanes, fast_model,
+            capacity_real, day, breaks, gpu_check)  # fmt: skip
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="python -m benchmarks", description="the project's measurements of its own claims")
+    commands = parser.add_subparsers(dest="bench_command", required=True, parser_class=Parser)
+    for module in COMMANDS:
+        module.add_commands(commands)
+    return parser
+
+
+def main(argv: list[str]) -> None:
+    """One measurement; Ctrl-C, SIGTERM or SIGHUP stop what it started and end it in one line, exit 130."""
+
+    def run() -> None:
+        args = build_parser().parse_args(argv)
+        args.run(args)
+
+    run_as_command(run, "benchmarks")
