@@ -15,14 +15,13 @@ from benchmarks.runners import (
     lanes,
     memory,
     overhead,
-    pauses,
     soak,
     team,
 )
 from mellum_proxy.console import Parser
 from mellum_proxy.stopping import run_as_command
 
-COMMANDS = (team, ladder, overhead, budget, first_run, memory, soak, calibration, pauses, lanes, fast_model,
+COMMANDS = (team, ladder, overhead, budget, first_run, memory, soak, calibration, lanes, fast_model,
             capacity_real, day, breaks, gpu_check)  # fmt: skip
 
 

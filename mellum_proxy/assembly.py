@@ -31,7 +31,7 @@ from mellum_proxy.budget.tokenizers import Tokenize, upstream_counter
 from mellum_proxy.clock import LOOP_CLOCK, Clock
 from mellum_proxy.discovery import Discovery
 from mellum_proxy.errors import UpstreamError
-from mellum_proxy.policies import AdmissionQueue, Debouncer, Dispatch, Foresight, PauseModel, Supersede
+from mellum_proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
 from mellum_proxy.sections import BudgetSection, PolicySection, Sections, UpstreamSection
 from mellum_proxy.serving import CompletionService, Policies
 from mellum_proxy.serving.reuse import ReuseCache
@@ -55,10 +55,7 @@ def build_policies(section: PolicySection, slots: int | None = None, clock: Cloc
     fixed = section.dispatch == "fixed"
     adaptive = Dispatch(section.hold_idle_max_s, section.hold_busy_max_s, section.hold_gap_factor, clock,
                         section.hold_min_s)  # fmt: skip
-    dispatch: Dispatch | Foresight | None = None if fixed else adaptive
-    if section.dispatch == "foresight":
-        model = PauseModel(learn=section.foresight_learn)
-        dispatch = Foresight(adaptive, section.foresight_hold_s, model, clock)
+    dispatch = None if fixed else adaptive
     return Policies(
         debouncer=Debouncer(section.debounce_s if fixed else 0.0, clock),
         supersede=Supersede(section.max_inflight),

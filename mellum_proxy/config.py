@@ -146,9 +146,8 @@ class Settings(BaseSettings):
     )
 
     # --- completion policies -----------------------------------------------------------------
-    dispatch: Literal["adaptive", "fixed", "foresight"] = Field(
-        "adaptive",
-        description="How long a request is held: from typing rhythm and server load, debounce_ms, or a pause model.",
+    dispatch: Literal["adaptive", "fixed"] = Field(
+        "adaptive", description="How long a request is held: from typing rhythm and server load, or debounce_ms."
     )
     debounce_ms: int = Field(
         150, ge=0, description="dispatch=fixed: hold each request this long (setting it alone selects fixed)."
@@ -159,12 +158,6 @@ class Settings(BaseSettings):
         2, ge=0, description="adaptive: a session whose edits arrive this close together is held this long."
     )
     hold_gap_factor: float = Field(1.0, ge=0, le=10, description="adaptive: hold = this x the median typing gap.")
-    foresight_hold_ms: int = Field(
-        300, ge=0, le=2000, description="foresight: the longest hold of a request when a pause is unlikely."
-    )
-    foresight_learn: bool = Field(
-        True, description="foresight: learn where to draw each session's line from its own pauses."
-    )
     reuse: bool = Field(True, description="Answer typed-through keystrokes from the previous completion.")
     keep_prefill: bool = Field(
         False, description="A request past its first-token deadline may finish its prefill while no one waits."

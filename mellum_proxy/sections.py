@@ -116,8 +116,6 @@ class PolicySection:
     hold_busy_max_s: float = field(metadata=source("hold_busy_max_ms", _seconds))
     hold_min_s: float = field(metadata=source("hold_min_ms", _seconds))
     hold_gap_factor: float
-    foresight_hold_s: float = field(metadata=source("foresight_hold_ms", _seconds))
-    foresight_learn: bool
     reuse: bool
     keep_prefill: bool
     max_inflight: int

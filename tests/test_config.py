@@ -141,7 +141,7 @@ SETTINGS_USERS_HAVE = (
     "embedded_threads embedded_kv_type max_body_bytes upstream_connect_timeout_ms upstream_answer_timeout_ms "
     "passthrough_timeout_ms "
     "shutdown_timeout_s dispatch debounce_ms hold_idle_max_ms hold_busy_max_ms hold_min_ms hold_gap_factor "
-    "foresight_hold_ms foresight_learn reuse "
+    "reuse "
     "keep_prefill max_inflight max_concurrency max_queue ttft_timeout_ms timeout_ms max_context_tokens max_tokens "
     "prefix_ratio context_step_lines tokenizer fim_template complete_in_comments postprocess stop_at_blank_line "
     "default_temperature log log_max_mb log_content record vram_interval_ms gpu upstream_pid "

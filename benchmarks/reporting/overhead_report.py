@@ -39,12 +39,12 @@ def render(result: Overhead, command: str) -> str:
                 f"{cell['added_total_p50_ms']:.2f} | {cell['cpu_ms_per_request']:.2f} |"
             )
     lines += ["", "| ratio (median of rounds) | proxy / bare | parsing / bare | proxy / parsing (independent floor) "
-              "| proxy / nginx | cleaning / proxy | page open / proxy | foresight / proxy | each in its own process: "
+              "| proxy / nginx | cleaning / proxy | page open / proxy | each in its own process: "
               "proxy / parsing | own process: proxy / nginx |",
-              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     summary = result["summary"]
     ratios = ("proxy_over_bare", "parsing_over_bare", "proxy_over_parsing", "proxy_over_nginx", "cleaning_over_proxy",
-              "page_over_proxy", "foresight_over_proxy", "proxy_process_over_parsing_process",
+              "page_over_proxy", "proxy_process_over_parsing_process",
               "proxy_process_over_nginx")  # fmt: skip
     for key in ("added_ttft_p50_ms", "added_total_p50_ms", "cpu_ms_per_request"):
         cells = [summary.get(f"{ratio}_{key}") for ratio in ratios]

@@ -1,26 +1,22 @@
 """`python -m benchmarks overhead`: what the proxy adds to each request, against a bare relay.
 
 The paths to one fast fake upstream, request by request in turn (in a shuffled order each time, seeded) so that
-machine noise hits all alike:
-`direct` (client -> upstream), `bare` (client -> `benchmarks.doubles.relays.bare_relay` -> upstream),
-`parsing` (client -> `benchmarks.doubles.floor_relay`, written without anything of the package: it parses
-the request and each event's JSON at each network read and nothing else -> upstream; the independent floor),
-`nginx` (Debian's nginx as a reverse proxy, buffering off, in a process of its own; where it is installed) and
-`proxy` (client -> mellum-proxy with its policies off: debounce 0, no deadline, no reuse, no
-post-processing, the `chars` tokenizer -> upstream); and two more such proxies, so that what each costs a
-request shows against `proxy`: `cleaning`, with post-processing on (the default), `page`, with its live
-page open (a reader of `/ui/events` in a process of its own, as a browser would be), and `foresight`, with the
-pause model asked at every request (`dispatch=foresight`, its holds 0 so that nothing waits: its cost alone).
-Each round sends `requests` sequential streaming fill-in-the-middle completions (a prompt and a suffix, as
-the plugins send them) per path. Added latency is a path's
-percentile less direct's in the same round; CPU per request is the process's CPU time spent on the path's
-requests less direct's (client and fake upstream cost the same in both), so what remains is the relay's own.
-All of that runs in this one process, where a relay's wake-ups share the loop's turns with the client's and the
-upstream's. As deployed each is a process of its own, and every hop costs a process wake-up: `parsing_process`
-and `proxy_process` are the floor and the proxy (as `proxy`) each in a process of its own, their CPU that
-process's (from /proc) added to this one's. The ratios compare like with like; the absolute numbers are the
-machine's.
-"""
+machine noise hits all alike: `direct` (client -> upstream), `bare` (client ->
+`benchmarks.doubles.relays.bare_relay` -> upstream), `parsing` (client -> `benchmarks.doubles.floor_relay`, written
+without anything of the package: it parses the request and each event's JSON at each network read and nothing else
+-> upstream; the independent floor), `nginx` (Debian's nginx as a reverse proxy, buffering off, in a process of its
+own; where it is installed) and `proxy` (client -> mellum-proxy with its policies off: debounce 0, no deadline, no
+reuse, no post-processing, the `chars` tokenizer -> upstream); and two more such proxies, so that what each costs a
+request shows against `proxy`: `cleaning`, with post-processing on (the default), and `page`, with its live page
+open (a reader of `/ui/events` in a process of its own, as a browser would be). Each round sends `requests`
+sequential streaming fill-in-the-middle completions (a prompt and a suffix, as the plugins send them) per path.
+Added latency is a path's percentile less direct's in the same round; CPU per request is the process's CPU time
+spent on the path's requests less direct's (client and fake upstream cost the same in both), so what remains is the
+relay's own. All of that runs in this one process, where a relay's wake-ups share the loop's turns with the client's
+and the upstream's. As deployed each is a process of its own, and every hop costs a process wake-up:
+`parsing_process` and `proxy_process` are the floor and the proxy (as `proxy`) each in a process of its own, their
+CPU that process's (from /proc) added to this one's. The ratios compare like with like; the absolute numbers are the
+machine's."""
 
 from __future__ import annotations
 
@@ -73,7 +69,6 @@ PATHS = (
     "proxy",
     "cleaning",
     "page",
-    "foresight",
     "parsing_process",
     "proxy_process",
 )  # nginx where installed
@@ -82,7 +77,6 @@ PROXY_SETTINGS: dict[str, Any] = {  # no hold, no deadline, no reuse (every requ
     "debounce_ms": 0, "timeout_ms": 0, "tokenizer": "chars", "max_concurrency": 64, "max_queue": 64, "reuse": False,
     "postprocess": False,
 }  # fmt: skip
-FORESIGHT: dict[str, Any] = {"dispatch": "foresight", "foresight_hold_ms": 0, "hold_min_ms": 0}  # the model alone
 
 
 @dataclass
@@ -160,11 +154,10 @@ async def measure(
                 serve_app(build_app(proxy_settings("cleaning", postprocess=True))) as cleaning,
                 serve_app(page_app := build_app(proxy_settings("page"))) as page,
                 _page_open(page_app, page),
-                serve_app(build_app(proxy_settings("foresight", **FORESIGHT))) as foresight,
                 _own_processes(upstream, folder) as own,
             ):
                 urls = {"direct": upstream, "bare": bare, "parsing": parsing, "nginx": nginx_url, "proxy": proxy,
-                        "cleaning": cleaning, "page": page, "foresight": foresight}  # fmt: skip
+                        "cleaning": cleaning, "page": page}  # fmt: skip
                 urls = {name: url for name, url in urls.items() if url} | {name: url for name, (url, _) in own.items()}
                 pids = {name: pid for name, (_, pid) in own.items()}
                 async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -270,7 +263,6 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary |= {f"proxy_over_nginx_{key}": _ratio(rows, key, over="nginx") for key in keys}
     summary |= {f"cleaning_over_proxy_{key}": _ratio(rows, key, over="proxy", path="cleaning") for key in keys}
     summary |= {f"page_over_proxy_{key}": _ratio(rows, key, over="proxy", path="page") for key in keys}
-    summary |= {f"foresight_over_proxy_{key}": _ratio(rows, key, over="proxy", path="foresight") for key in keys}
     summary |= {f"proxy_process_over_parsing_process_{key}": _ratio(rows, key, over="parsing_process",
                                                                     path="proxy_process") for key in keys}  # fmt: skip
     summary |= {

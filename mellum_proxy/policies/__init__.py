@@ -1,9 +1,7 @@
 """Completion policies, the guards below the flight: what protects the model server from an editor's request
 storm, knowing nothing of flights or reuse.
 
-Each module owns one rule: `dispatch` (how long to hold a request), `foresight` (the hold that asks
-`pause_model` whether the person is about to stop typing: it reads the characters around the cursor, keeps none),
-`debounce` (hold, and drop what a newer
+Each module owns one rule: `dispatch` (how long to hold a request), `debounce` (hold, and drop what a newer
 request replaces), `supersede` (at most N admitted per session; the oldest is cancelled), `admission` (global
 upstream concurrency with a bounded FIFO queue) and `deadline` (first-token and total deadlines). What uses
 them is the serving room (`mellum_proxy.serving`); text shaping is `mellum_proxy.shaping`.
@@ -13,12 +11,17 @@ from mellum_proxy.policies.admission import AdmissionQueue, Lease, QueueFullErro
 from mellum_proxy.policies.deadline import Deadline
 from mellum_proxy.policies.debounce import Debouncer
 from mellum_proxy.policies.dispatch import Dispatch
-from mellum_proxy.policies.foresight import Foresight
-from mellum_proxy.policies.pause_model import PauseModel, Prior
 from mellum_proxy.policies.sessions import Documents
 from mellum_proxy.policies.supersede import Supersede, Ticket
 
 __all__ = [
-    "AdmissionQueue", "Deadline", "Debouncer", "Dispatch", "Documents", "Foresight", "Lease", "PauseModel", "Prior",
-    "QueueFullError", "Supersede", "Ticket",
-]  # fmt: skip
+    "AdmissionQueue",
+    "Deadline",
+    "Debouncer",
+    "Dispatch",
+    "Documents",
+    "Lease",
+    "QueueFullError",
+    "Supersede",
+    "Ticket",
+]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from mellum_proxy.clock import LOOP_CLOCK, Clock
 from mellum_proxy.models import Outcome
-from mellum_proxy.policies import AdmissionQueue, Deadline, Debouncer, Dispatch, Foresight, Supersede
+from mellum_proxy.policies import AdmissionQueue, Deadline, Debouncer, Dispatch, Supersede
 from mellum_proxy.policies.supersede import Ticket
 from mellum_proxy.serving.reuse import ReuseCache
 
@@ -28,7 +28,7 @@ class Policies:
     complete_in_comments: bool = True
     postprocess: bool = False  # clean completions while they stream (`mellum_proxy.shaping.cleanup`)
     clock: Clock = field(default=LOOP_CLOCK)
-    dispatch: Dispatch | Foresight | None = None  # None: the debouncer's fixed window
+    dispatch: Dispatch | None = None  # None: the debouncer's fixed window
     reuse: ReuseCache | None = None
     keep_prefill: bool = False
     bulk_wait_s: float | None = None  # the longest a bulk request (chat, agents) waits for a slot; None: no limit

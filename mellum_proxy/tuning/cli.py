@@ -15,7 +15,7 @@ from mellum_proxy.tuning.workloads import convert, synth
 
 COMMANDS = (replay, convert, quality, replay_report, synth, lab, tune)
 # Commands that moved out of the wheel into the repository's `benchmarks/` (a user's script gets one line saying so).
-MOVED = ("team", "ladder", "overhead", "budget", "first-run", "memory", "soak", "calibrate", "pauses", "lanes",
+MOVED = ("team", "ladder", "overhead", "budget", "first-run", "memory", "soak", "calibrate", "lanes",
          "fast-model", "capacity", "day", "breaks")  # fmt: skip
 
 

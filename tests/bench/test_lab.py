@@ -210,23 +210,23 @@ def test_the_defaults_are_held_to_the_oracle_when_it_ran() -> None:
     assert meets_targets(result("defaults", 15, 0.0, 100), direct, oracle)["p95"]  # every pause answered at once
 
 
-def test_no_policy_without_foresight_sends_fewer_than_the_edits_followed_by_a_longer_gap() -> None:
+def test_no_policy_without_prediction_sends_fewer_than_the_edits_followed_by_a_longer_gap() -> None:
     from mellum_proxy.tuning.reporting.lab_report import summarize
     from mellum_proxy.tuning.runners.lab import ORACLE
     from mellum_proxy.tuning.runners.playback import gaps_after
-    from mellum_proxy.tuning.workloads.editor import no_foresight_floor
+    from mellum_proxy.tuning.workloads.editor import no_prediction_floor
     from tests.bench.bursts import burst_trace
 
     events = burst_trace()  # three bursts of eight keystrokes 40 ms apart, each followed by a pause
     gaps = list(gaps_after(events, max_gap_ms=2000).values())
-    assert no_foresight_floor(gaps, 0) == 24  # answering at once: a request for every edit
-    assert no_foresight_floor(gaps, 100) == 3  # waiting 100 ms sees each burst through: one per pause
+    assert no_prediction_floor(gaps, 0) == 24  # answering at once: a request for every edit
+    assert no_prediction_floor(gaps, 100) == 3  # waiting 100 ms sees each burst through: one per pause
     runs = [run_lab(policy, events, PROFILES["fast"], "bursts", accuracy=0.0)
             for policy in (Policy("direct", None), ORACLE, Policy("defaults", {}))]  # fmt: skip
     summary = summarize(runs, [PROFILES["fast"]], 0.0, 16, 100, {"bursts": gaps})
     (row,) = summary["targets"]
     oracle = runs[1]
-    assert row["limit"] == 4 and row["floor"] == no_foresight_floor(gaps, 0.1 * (oracle.latency_p95_ms or 0))
+    assert row["limit"] == 4 and row["floor"] == no_prediction_floor(gaps, 0.1 * (oracle.latency_p95_ms or 0))
     assert row["floor"] > row["limit"] and not row["requests"]  # no policy could have met it at accuracy 0
     assert summary["bound"]["fast"][0][0] == 1.0  # a hold of 0 ms: one request per edit
 

@@ -36,7 +36,6 @@ async def test_every_round_measures_both_relays_and_the_proxy() -> None:
         "proxy_over_nginx",
         "cleaning_over_proxy",
         "page_over_proxy",
-        "foresight_over_proxy",
         "proxy_process_over_parsing_process",
         "proxy_process_over_nginx",
     )
@@ -70,7 +69,7 @@ def test_added_latency_is_read_at_the_50th_and_95th_percentiles() -> None:
     direct = PathRound(ttft_ms=[1.0] * 100, total_ms=[2.0] * 100)
     slow_tail = [1.0 + i / 100 for i in range(100)]  # added 0.00 .. 0.99 ms
     measured = {"direct": direct, **{name: PathRound(ttft_ms=slow_tail, total_ms=[2.5] * 100) for name in
-                                     ("bare", "parsing", "proxy", "cleaning", "page", "foresight")}}  # fmt: skip
+                                     ("bare", "parsing", "proxy", "cleaning", "page")}}  # fmt: skip
     row = _row(0, measured, requests=100)
     assert row["proxy"]["added_ttft_p50_ms"] == pytest.approx(0.49)  # the median, not the 0.5th percentile
     assert row["proxy"]["added_ttft_p95_ms"] == pytest.approx(0.94)

@@ -14,7 +14,7 @@ from mellum_proxy.telemetry.stats import percentile
 from mellum_proxy.tuning.reporting.capacity_report import lab_capacity_lines
 from mellum_proxy.tuning.reporting.cells import cell
 from mellum_proxy.tuning.reporting.results import LabResult
-from mellum_proxy.tuning.workloads.editor import no_foresight_floor
+from mellum_proxy.tuning.workloads.editor import no_prediction_floor
 
 
 class Lab(TypedDict):
@@ -26,10 +26,9 @@ class Lab(TypedDict):
     profiles: dict[str, str]  # name: where its figures come from
     runs: list[dict[str, Any]]  # one per profile x trace x policy
     targets: list[dict[str, Any]]
-    bound: dict[str, list[tuple[float, float]]]  # per profile, the no-foresight bound on the frontier plot
+    bound: dict[str, list[tuple[float, float]]]  # per profile, the no-prediction bound on the frontier plot
     frontier: dict[str, list[str]]
     means: dict[str, list[dict[str, Any]]]
-    foresight: dict[str, Any] | None
     capacity: NotRequired[list[dict[str, Any]]]
     capacity_curve: NotRequired[list[dict[str, Any]]]
     capacity_rule: NotRequired[dict[str, Any]]
@@ -45,7 +44,7 @@ def summarize(
 ) -> Lab:
     """The runs, the targets, and per profile the means over traces and their Pareto frontier.
 
-    `gaps`: per trace, the gap after each edit as played; with them each target row carries the no-foresight floor
+    `gaps`: per trace, the gap after each edit as played; with them each target row carries the no-prediction floor
     on requests, and each profile the bound it draws on the frontier plot."""
     gaps = gaps or {}
     return {
@@ -56,7 +55,6 @@ def summarize(
         "frontier": {spec.name: [r.policy for r in pareto([m for m in _means(runs, spec.name) if m.policy != "oracle"])]
                      for spec in specs},  # the oracle is the yardstick, not a policy to choose
         "means": {spec.name: [r.summary() for r in _means(runs, spec.name)] for spec in specs},
-        "foresight": foresight_against_defaults(runs, gaps),
     }  # fmt: skip
 
 
@@ -113,7 +111,7 @@ def pareto(results: Sequence[LabResult]) -> list[LabResult]:
 
 def _targets(runs: Sequence[LabResult], gaps: dict[str, list[float]]) -> list[dict[str, Any]]:
     """`defaults` against `direct` on every (profile, trace); with the oracle and the trace's gaps, also the
-    no-foresight floor on requests at the p95 target's allowance (a tenth of the oracle's p95) beside the
+    no-prediction floor on requests at the p95 target's allowance (a tenth of the oracle's p95) beside the
     target's limit (1.5x the oracle's requests)."""
     rows = []
     index = {(r.profile, r.trace, r.policy): r for r in runs}
@@ -136,22 +134,22 @@ def _targets(runs: Sequence[LabResult], gaps: dict[str, list[float]]) -> list[di
 
 
 def requests_floor(gaps: Sequence[float], oracle: LabResult) -> dict[str, int] | None:
-    """The no-foresight floor on requests at the p95 target's allowance (a tenth of the oracle's p95), and the
+    """The no-prediction floor on requests at the p95 target's allowance (a tenth of the oracle's p95), and the
     requests target's limit (1.5x the oracle's requests); None without an oracle p95."""
     if oracle.latency_p95_ms is None:
         return None
-    return {"floor": no_foresight_floor(gaps, 0.1 * oracle.latency_p95_ms),
+    return {"floor": no_prediction_floor(gaps, 0.1 * oracle.latency_p95_ms),
             "limit": math.floor(1.5 * oracle.upstream_requests)}  # fmt: skip
 
 
 def _bound(runs: Sequence[LabResult], prof: str, gaps: dict[str, list[float]]) -> list[tuple[float, float]]:
-    """The no-foresight estimate over the mean of the traces: for a hold of d ms, (requests per edit, the oracle's
+    """The no-prediction estimate over the mean of the traces: for a hold of d ms, (requests per edit, the oracle's
     p95 + d), each the mean over the traces: roughly where a policy that never predicts the typing can get to (not a
     strict bound: p95 lets 5 % of pauses be late, and a request may be served faster than the oracle's)."""
     oracles = [r for r in runs if r.profile == prof and r.policy == "oracle" and r.trace in gaps and r.latency_p95_ms]
     if not oracles:
         return []
-    return [(statistics.fmean(no_foresight_floor(gaps[r.trace], d) / len(gaps[r.trace]) for r in oracles),
+    return [(statistics.fmean(no_prediction_floor(gaps[r.trace], d) / len(gaps[r.trace]) for r in oracles),
              statistics.fmean((r.latency_p95_ms or 0.0) + d for r in oracles)) for d in range(0, 501, 10)]  # fmt: skip
 
 
@@ -237,7 +235,7 @@ def render(result: Lab, command: str) -> str:
                  for k in ("coverage", "p95", "requests", "waste")]  # fmt: skip
         tail = f" {met_by['all']}/{row['policies']} |" if met_by else ""
         lines.append(f"| {row['profile']} | {row['trace']} | " + " | ".join(cells) + f" | {bound} |" + tail)
-    lines += _foresight_lines(result.get("foresight")) + lab_capacity_lines(result)
+    lines += lab_capacity_lines(result)
     for prof, source in result["profiles"].items():
         lines += ["", f"## {prof}", "", f"Server: {source}.", ""]
         rows = [r for r in result["runs"] if r["profile"] == prof and r["policy"] in NAMED]
@@ -252,7 +250,7 @@ def render(result: Lab, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-NAMED = ("direct", "oracle", "defaults", "foresight")  # the policies each profile's table shows (not a grid's)
+NAMED = ("direct", "oracle", "defaults")  # the policies each profile's table shows (not a grid's)
 PLOT_COLUMNS = 3  # panels a row in frontier.png
 
 
@@ -287,7 +285,7 @@ def plot(result: Mapping[str, Any], path: Path, highlight: str | None = None) ->
         bound = result.get("bound", {}).get(prof) or []
         if bound:
             axis.plot([x for x, _ in bound], [y for _, y in bound], "k--", linewidth=1,
-                      label="no-foresight estimate (hold d ms)")  # fmt: skip
+                      label="no-prediction estimate (hold d ms)")  # fmt: skip
         oracle = next((m for m in means if m["policy"] == "oracle"), None)
         if oracle is not None and oracle["latency_p95_ms"] is not None:
             axis.axvline(1.5 * oracle["requests_per_edit"], color="grey", linestyle=":", linewidth=1,
@@ -302,53 +300,3 @@ def plot(result: Mapping[str, Any], path: Path, highlight: str | None = None) ->
     figure.tight_layout()
     figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
-
-
-def foresight_against_defaults(runs: Sequence[LabResult], gaps: dict[str, list[float]]) -> dict[str, Any] | None:
-    """`foresight` against `defaults` on every (profile, trace) where both ran: its requests as a share of the
-    defaults', coverage against direct's - 1 point, p95 against the oracle's (+ 30 ms on `gpu` and `h100`,
-    x 1.1 elsewhere); and the requests in sum over the rows where the no-foresight floor is over the limit."""
-    index = {(r.profile, r.trace, r.policy): r for r in runs}
-    rows: list[dict[str, Any]] = []
-    for (prof, trace, name), run in index.items():
-        defaults, direct = index.get((prof, trace, "defaults")), index.get((prof, trace, "direct"))
-        oracle = index.get((prof, trace, "oracle"))
-        if name != "foresight" or defaults is None or direct is None or oracle is None:
-            continue
-        yardstick = _or_inf(oracle.latency_p95_ms)
-        allowed = yardstick + 30 if prof in ("gpu", "h100") else 1.1 * yardstick
-        floor = requests_floor(gaps[trace], oracle) if trace in gaps else None
-        rows.append({
-            "profile": prof, "trace": trace, "requests": run.upstream_requests, "defaults": defaults.upstream_requests,
-            "coverage": (run.pause_coverage or 0.0) >= (direct.pause_coverage or 0.0) - 0.01,
-            "p95": _paired_p95(run, oracle) <= allowed,
-            "not_worse": (run.pause_coverage or 0.0) >= (defaults.pause_coverage or 0.0)
-            and _or_inf(run.latency_p95_ms) <= _or_inf(defaults.latency_p95_ms),
-            "over_floor": bool(floor and floor["floor"] > floor["limit"]),
-        })  # fmt: skip
-    if not rows:
-        return None
-    over = [row for row in rows if row["over_floor"]]
-    share = sum(r["requests"] for r in over) / sum(r["defaults"] for r in over) if over else None
-    return {"rows": rows, "requests_share_over_floor": share}
-
-
-def _foresight_lines(foresight: dict[str, Any] | None) -> list[str]:
-    if not foresight:
-        return []
-    share = foresight["requests_share_over_floor"]
-    lines = ["", "## foresight against the defaults", "",
-             "Requests: foresight's upstream requests / the defaults'. Coverage: >= direct's - 1 point. p95: over the "
-             "pauses the oracle answered too, <= the oracle's + 30 ms on gpu and h100, <= 1.1x the oracle's elsewhere. "
-             "Not worse: coverage and p95 no worse than the defaults'. Over the floor: the rows where the no-foresight "
-             "floor is over the requests limit" + (f"; there, in sum, foresight sends {share:.2f}x the defaults' "
-             "requests (target 0.85x)." if share is not None else "."), "",
-             "| profile | trace | requests | coverage | p95 | not worse | over the floor |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    marks = {True: "yes", False: "**no**"}
-    for row in foresight["rows"]:
-        share = row["requests"] / max(1, row["defaults"])
-        lines.append(f"| {row['profile']} | {row['trace']} | {row['requests']} / {row['defaults']} = {share:.2f}x "
-                     f"| {marks[row['coverage']]} | {marks[row['p95']]} | {marks[row['not_worse']]} "
-                     f"| {'yes' if row['over_floor'] else '-'} |")  # fmt: skip
-    return lines

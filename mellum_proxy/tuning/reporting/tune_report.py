@@ -39,7 +39,7 @@ def render(result: Tuned, command: str) -> str:
               + ", ".join(f"{key} {'yes' if ok else 'no'}" for key, ok in met.items())]  # fmt: skip
     for trace, accuracy in result.get("waived", []):
         lines += [f"Requests not held on {trace} at accuracy {accuracy:g}: no policy is expected to meet it there "
-                  "(the typing's no-foresight floor is over 1.5x the oracle's requests, see `bench lab`)."]  # fmt: skip
+                  "(its no-prediction floor is over 1.5x the oracle's requests, see `bench lab`)."]  # fmt: skip
     lines += [verdict(result)[0]]
     return "\n".join(lines) + "\n"
 

@@ -29,7 +29,7 @@ class Policy:
 def parse_policy(text: str) -> Policy:
     """`NAME[:key=value,...]`; a NAME of `direct` or `direct-...` is the no-proxy baseline, `oracle` the best
         possible: one request per pause, sent straight to the server the moment typing stops (it knows the future);
-    `foresight` is the proxy with `dispatch=foresight`; any other NAME the proxy with the settings given.
+    any other NAME the proxy with the settings given.
 
         Raises:
             ValueError: malformed, or a setting the proxy does not have.
@@ -50,8 +50,6 @@ def parse_policy(text: str) -> Policy:
     unknown = set(options) - set(Settings.model_fields)
     if unknown:
         raise ValueError(f"policy '{text}': unknown proxy setting(s) {', '.join(sorted(unknown))}")
-    if name == "foresight":  # the policy itself, not the defaults under its name
-        options.setdefault("dispatch", "foresight")
     return Policy(name, options, cancel, debounce)
 
 

@@ -8,7 +8,7 @@ model's accuracy at 0 (it never predicts the typing) and at 0.3. A candidate qua
 targets (against direct and the oracle) on every trace at both accuracies; of those, the one with the lowest
 mean p95 wins (the defaults when none qualifies). `DIR/config.toml` holds the settings that
 differ from the defaults; `DIR/tune.md` what each bought, `DIR/frontier.png` the
-candidates per accuracy with the no-foresight estimate, `DIR/tune.json` every run.
+candidates per accuracy with the no-prediction estimate, `DIR/tune.json` every run.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def read_typing(path: Path) -> list[Event]:
 
 
 def candidates() -> list[Policy]:
-    """The defaults, foresight, the lab's grid of the adaptive hold, and the fixed debounce for comparison."""
-    return [Policy("defaults", {}), Policy("foresight", {"dispatch": "foresight"}),
+    """The defaults, the lab's grid of the adaptive hold, and the fixed debounce for comparison."""
+    return [Policy("defaults", {}),
             *grid({"dispatch": "adaptive"}, GRID_AXES),
             *(Policy(f"fixed={ms}", {"dispatch": "fixed", "debounce_ms": ms}) for ms in FIXED)]  # fmt: skip
 
@@ -79,7 +79,7 @@ def choose(
 ) -> tuple[str, dict[str, dict[str, bool]], list[tuple[str, float]]]:
     """The winning policy's name; per candidate whether it met each target everywhere; and the (trace, accuracy)
     places where the requests target was not held, because no policy is expected to meet it: at accuracy 0 (nothing is
-    answered from an earlier completion) where the no-foresight floor (`gaps`: the trace's gaps after each edit)
+    answered from an earlier completion) where the no-prediction floor (`gaps`: the trace's gaps after each edit)
     is over the target's limit."""
     index = {(r.trace, r.accuracy, r.policy): r for r in runs}
     places = {(r.trace, r.accuracy) for r in runs}

@@ -123,8 +123,8 @@ def account(
     return acct
 
 
-def no_foresight_floor(gaps_ms: Sequence[float], allowance_ms: float) -> int:
-    """An estimate of the fewest upstream requests of any policy that cannot foresee the typing (a model that
+def no_prediction_floor(gaps_ms: Sequence[float], allowance_ms: float) -> int:
+    """An estimate of the fewest upstream requests of any policy that cannot predict the typing (a model that
     never predicts it, so nothing is answered from an earlier completion) and may start a pause's request at
     most `allowance_ms` after the moment typing stopped: when an edit is `allowance_ms` old it cannot know
     whether the gap after it is a pause, so it must have sent a request for every edit followed by a longer gap.
