@@ -48,6 +48,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check mellum_proxy benchmarks tests docs/hooks
 	$(BIN)/ruff format --check mellum_proxy benchmarks tests docs/hooks
 	$(BIN)/mypy
+	$(BIN)/vulture
 
 # The docs site (mkdocs + Material) into site/; --strict: a broken link or a setting without its entry fails it.
 docs: $(STAMP)

@@ -7,6 +7,9 @@ import gc
 import os
 import shutil
 import tempfile
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +127,7 @@ class EmbeddedServer:
         self.thread_ids = thread_ids() - before
         self.url = str(self._server.listening_address).rstrip("/")
         self.port = int(self.url.rsplit(":", 1)[1])
+        _wait_for_the_task_loop(self.url)
         return self.url
 
     def stop(self) -> None:
@@ -134,6 +138,27 @@ class EmbeddedServer:
         if self._slot_folder is not None:
             shutil.rmtree(self._slot_folder, ignore_errors=True)
             self._slot_folder = None
+
+
+TASK_LOOP_WAIT_S = 120.0
+
+
+def _wait_for_the_task_loop(url: str) -> None:
+    """Return once llama.cpp's task loop runs: `/metrics` is answered by that loop, not by the HTTP thread.
+
+    `xllamacpp.Server` returns when the HTTP server listens, before its task loop has started; a stop in that gap
+    is lost (`server_queue::terminate` sets `running = false`, then `start_loop` sets it true again) and the
+    stop's join waits forever. A busy machine widens the gap: a test that stopped a server just started hung."""
+    deadline = time.monotonic() + TASK_LOOP_WAIT_S
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/metrics", timeout=TASK_LOOP_WAIT_S) as answer:
+                answer.read()
+            return
+        except (urllib.error.URLError, OSError):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the embedded llama.cpp server at {url} never answered /metrics") from None
+            time.sleep(0.05)
 
 
 # The self-speculation types (llama.cpp's `--spec-type`, `common_speculative_type`): each drafts from the text already

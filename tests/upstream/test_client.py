@@ -169,3 +169,24 @@ async def test_a_connection_the_server_closed_is_tried_again_once_never_twice() 
         with pytest.raises(UpstreamError):
             await upstream.post_json("/tokenize", {})
         assert len(attempts) == 2  # once more, never twice
+
+
+STOPPED_AT_ONCE = """
+from mellum_proxy.upstream.embedded import EmbeddedServer
+for _ in range(3):
+    server = EmbeddedServer(ctx_tokens=256, slots=1)
+    server.start()
+    server.stop()
+print("stopped")
+"""
+
+
+@pytest.mark.embedded
+def test_a_server_stopped_the_moment_it_started_stops() -> None:
+    """xllamacpp returns from its start before llama.cpp's task loop runs, and a stop in that gap used to wait
+    forever (the fresh-clone CI beside two busy loops hung on it): `start` now returns once the loop answers."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", STOPPED_AT_ONCE], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stderr[-2000:]
