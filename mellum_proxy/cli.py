@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--out", type=Path, default=Path("baseline.json"), help="JSON output [default: baseline.json]")
 
     from mellum_proxy.editor import cli as editor_cli
-    from mellum_proxy.fit import cli as fit_cli
-    from mellum_proxy.planner import cli as planner_cli
+    from mellum_proxy.planning import cli as planner_cli
+    from mellum_proxy.planning import fit as fit_cli
 
     planner_cli.add_commands(commands)
     fit_cli.add_commands(commands)
@@ -102,7 +102,7 @@ def _stats(args: argparse.Namespace) -> None:
 
 
 def _probe(args: argparse.Namespace) -> None:
-    from mellum_proxy.planner.probe import probe
+    from mellum_proxy.planning.probe import probe
     from mellum_proxy.telemetry import GpuUnavailableError
 
     if args.interval_ms < 10:
@@ -123,7 +123,7 @@ def _probe(args: argparse.Namespace) -> None:
 
 
 def _baseline(args: argparse.Namespace) -> None:
-    from mellum_proxy.planner.probe import baseline
+    from mellum_proxy.planning.probe import baseline
     from mellum_proxy.upstream.health import server_problem, unreachable_line
     from mellum_proxy.urls import upstream_base_url
 
@@ -177,8 +177,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _run(argv: Sequence[str] | None) -> None:
     from mellum_proxy.editor.cli import HANDLERS as EDITOR
-    from mellum_proxy.fit.cli import run_fit
-    from mellum_proxy.planner.cli import HANDLERS as PLANNER
+    from mellum_proxy.planning.cli import HANDLERS as PLANNER
+    from mellum_proxy.planning.fit import run_fit
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["tune"]:  # `mellum-proxy tune` is `mellum-proxy bench tune`: the lab does the work

@@ -188,7 +188,7 @@ def test_tools_end_in_one_line_when_the_server_never_answers(
     assert not (tmp_path / "out").exists()
 
 
-CONFIGS = Path(__file__).resolve().parent.parent / "mellum_proxy" / "planner" / "configs"
+CONFIGS = Path(__file__).resolve().parent.parent / "mellum_proxy" / "planning" / "configs"
 
 
 @pytest.mark.parametrize("words", [["stats"], ["inspect", str(CONFIGS / "mellum-4b-base")]])

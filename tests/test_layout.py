@@ -129,13 +129,15 @@ def test_the_http_edge_imports_no_planning_tool() -> None:
     graph = import_graph()
     edge = [name for name in graph if name.startswith("mellum_proxy.http")]
     assert "mellum_proxy.http.page" in edge
-    tools = ("mellum_proxy.planner", "mellum_proxy.fit", "mellum_proxy.tuning")
+    tools = ("mellum_proxy.planning", "mellum_proxy.tuning")
     assert [f"{name} -> {target}" for name in edge for target in graph[name] if target.startswith(tools)] == []
 
 
 def test_the_cli_loads_no_tuning_until_asked() -> None:
+    """Only the contract `profile` writes and the simulator reads (a dataclass) comes with the parser."""
     loaded = _loaded("import mellum_proxy.cli; mellum_proxy.cli.build_parser()")
-    assert [m for m in loaded if m.startswith("mellum_proxy.tuning")] == []
+    contract = {"mellum_proxy.tuning", "mellum_proxy.tuning.sim", "mellum_proxy.tuning.sim.server_profile"}
+    assert [m for m in loaded if m.startswith("mellum_proxy.tuning") and m not in contract] == []
 
 
 def test_the_package_never_imports_the_projects_own_benchmarks() -> None:
@@ -194,7 +196,7 @@ def test_a_server_kind_is_named_only_in_its_own_room() -> None:
     keys on a kind's name (the dialects, the planner, the bench and fit write the names as words of their own)."""
     from mellum_proxy.upstream.servers import kind_names
 
-    own_words = ("upstream", "dialects", "planner", "tuning", "fit")
+    own_words = ("upstream", "dialects", "planning", "tuning")
     found = []
     for path in (ROOT / "mellum_proxy").rglob("*.py"):
         if path.relative_to(ROOT / "mellum_proxy").parts[0] in own_words:

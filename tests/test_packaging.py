@@ -31,7 +31,7 @@ def test_the_wheel_installs_only_mellum_proxy_at_top_level(tmp_path: Path) -> No
     # what the commands need at run time travels with it: the tuning engine's traces, code and simulator profiles,
     # the page, the templates
     shipped_data = ("tuning/traces/json-crdt-blog-post.json.gz", "tuning/code/inventory.py", "ui/index.html",
-                    "planner/configs/mellum-4b-base/config.json", "editor/templates/continue.yaml",
+                    "planning/configs/mellum-4b-base/config.json", "editor/templates/continue.yaml",
                     "tuning/sim/profiles.json")  # fmt: skip
     for shipped in (f"mellum_proxy/{path}" for path in shipped_data):
         assert shipped in names

@@ -27,14 +27,14 @@ from typing import Any
 from benchmarks.reporting.calibration_report import METRICS, Calibration, CalibrationRow, render
 from benchmarks.upstreams import PIN_HELP, upstream_for
 from mellum_proxy.console import POSITIVE, SHARE, command, fail
-from mellum_proxy.planner.profile import Profile, ProfileError
-from mellum_proxy.planner.profile import profile as measure_server
-from mellum_proxy.planner.server_profile import ServerProfile
+from mellum_proxy.planning.profile import Profile, ProfileError
+from mellum_proxy.planning.profile import profile as measure_server
 from mellum_proxy.tuning.reporting.writing import write_report
 from mellum_proxy.tuning.runners.lab import ORACLE, run_lab
 from mellum_proxy.tuning.runners.policy import Policy
 from mellum_proxy.tuning.runners.replay import run_policy
 from mellum_proxy.tuning.sim.server import profile
+from mellum_proxy.tuning.sim.server_profile import ServerProfile
 from mellum_proxy.tuning.workloads.convert import load_trace
 from mellum_proxy.tuning.workloads.trace import Event, TraceError, limited
 

@@ -21,7 +21,6 @@ from typing import Any
 from benchmarks.runners.calibration import MEASURE, keep_measured, measured_profile
 from benchmarks.upstreams import PIN_HELP, upstream_for
 from mellum_proxy.console import POSITIVE, command, fail
-from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.tuning.reporting.capacity_report import CapacityReport, CapacityRun, render
 from mellum_proxy.tuning.reporting.writing import write_report
 from mellum_proxy.tuning.runners.capacity import (
@@ -37,6 +36,7 @@ from mellum_proxy.tuning.runners.lab import MAX_GAP_MS
 from mellum_proxy.tuning.runners.policy import Policy, parse_policy
 from mellum_proxy.tuning.runners.replay import run_developers
 from mellum_proxy.tuning.sim.server import profile
+from mellum_proxy.tuning.sim.server_profile import ServerProfile
 from mellum_proxy.tuning.workloads.convert import load_trace
 from mellum_proxy.tuning.workloads.trace import Event, TraceError, limited
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mellum_proxy.console import command
-from mellum_proxy.planner.probe import probe
+from mellum_proxy.planning.probe import probe
 from mellum_proxy.telemetry import GpuSampler, GpuUnavailableError, NvmlBackend
 
 ALLOC_MIB = 1024

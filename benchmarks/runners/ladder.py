@@ -28,7 +28,7 @@ from benchmarks.upstreams import upstream_for
 from mellum_proxy.budget.tokenizers import TokenCounter, upstream_counter
 from mellum_proxy.console import INDEX, POSITIVE, command, fail
 from mellum_proxy.errors import UpstreamError
-from mellum_proxy.planner.probe import host_rss_mib
+from mellum_proxy.planning.probe import host_rss_mib
 from mellum_proxy.telemetry import GpuSampler, NvmlBackend
 from mellum_proxy.tuning.reporting.writing import command_line
 from mellum_proxy.tuning.runners.policy import add_proxy_options, chosen_policy, proxy_for

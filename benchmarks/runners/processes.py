@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 
 import aiohttp
 
-from mellum_proxy.planner.probe import host_rss_mib
+from mellum_proxy.planning.probe import host_rss_mib
 from mellum_proxy.proc import open_files, threads
 
 

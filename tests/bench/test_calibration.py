@@ -6,9 +6,9 @@ import pytest
 
 from benchmarks.reporting.calibration_report import render
 from benchmarks.runners.calibration import POLICIES, measure
-from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.tuning.runners.lab import ORACLE
 from mellum_proxy.tuning.sim.server import PROFILES
+from mellum_proxy.tuning.sim.server_profile import ServerProfile
 from tests.bench.bursts import burst_trace
 
 pytestmark = pytest.mark.slow  # seconds of real time: in `make test`, not in `make test-fast`
@@ -61,7 +61,7 @@ async def test_measured_before_each_turn_the_lab_runs_each_turn_on_its_own_profi
 
 
 async def test_a_turn_that_cannot_be_profiled_keeps_the_turns_run_and_takes_the_profile_before(sim_url: str) -> None:
-    from mellum_proxy.planner.profile import ProfileError
+    from mellum_proxy.planning.profile import ProfileError
 
     calls: list[int] = []
 

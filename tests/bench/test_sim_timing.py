@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from mellum_proxy.planner.profile import _overhead, spread
-from mellum_proxy.planner.server_profile import ServerProfile
+from mellum_proxy.planning.profile import _overhead, spread
 from mellum_proxy.tuning.sim.engine import SimEngine
 from mellum_proxy.tuning.sim.server import PROFILES
+from mellum_proxy.tuning.sim.server_profile import ServerProfile
 from tests.virtual_time import run_virtual
 
 ONE = replace(PROFILES["embedded-cpu"], slots=2, overhead_ms=10, batch_penalty=0, decode_tps=100)  # 10 ms a token

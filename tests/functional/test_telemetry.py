@@ -110,7 +110,7 @@ def _unavailable() -> Any:
 
 
 async def test_baseline_against_the_real_server(embedded_server: EmbeddedServer, tmp_path: Path) -> None:
-    from mellum_proxy.planner.probe import baseline
+    from mellum_proxy.planning.probe import baseline
 
     book = await baseline(str(embedded_server.url), idle_s=0, gpu=0, pid=None, embedded_model=None)
     assert [r.phase for r in book.readings] == ["before start", "after load", "after idle", "after first request"]

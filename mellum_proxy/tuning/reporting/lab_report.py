@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.telemetry.stats import percentile
 from mellum_proxy.tuning.reporting.capacity_report import lab_capacity_lines
 from mellum_proxy.tuning.reporting.cells import cell
 from mellum_proxy.tuning.reporting.results import LabResult
+from mellum_proxy.tuning.sim.server_profile import ServerProfile
 from mellum_proxy.tuning.workloads.editor import no_prediction_floor
 
 

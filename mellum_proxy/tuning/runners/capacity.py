@@ -20,7 +20,6 @@ from typing import Any
 from mellum_proxy.assembly import build_service
 from mellum_proxy.budget import CharsEstimator
 from mellum_proxy.config import Settings
-from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.sections import sections
 from mellum_proxy.telemetry import RecentRecords, Telemetry
 from mellum_proxy.telemetry.stats import percentile
@@ -29,6 +28,7 @@ from mellum_proxy.tuning.runners.lab_parts import EngineSource, LabEditor, Write
 from mellum_proxy.tuning.runners.playback import METRICS_PERIOD_S, Clock, pause_starts, play
 from mellum_proxy.tuning.runners.policy import Policy
 from mellum_proxy.tuning.sim.engine import SimEngine
+from mellum_proxy.tuning.sim.server_profile import ServerProfile
 from mellum_proxy.tuning.workloads.editor import Accounting, account
 from mellum_proxy.tuning.workloads.trace import Event, next_typed
 

@@ -26,7 +26,6 @@ from mellum_proxy.budget import CharsEstimator
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE, SHARE, command, fail
 from mellum_proxy.models import Outcome
-from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.sections import sections
 from mellum_proxy.telemetry import RecentRecords, Telemetry
 from mellum_proxy.tuning.reporting import lab_report
@@ -39,6 +38,7 @@ from mellum_proxy.tuning.runners.playback import METRICS_PERIOD_S, Clock, gaps_a
 from mellum_proxy.tuning.runners.policy import Policy, parse_policy
 from mellum_proxy.tuning.sim.engine import SimEngine
 from mellum_proxy.tuning.sim.server import profile
+from mellum_proxy.tuning.sim.server_profile import ServerProfile
 from mellum_proxy.tuning.workloads.convert import load_trace
 from mellum_proxy.tuning.workloads.corpus import CODE_DIR, shipped_traces
 from mellum_proxy.tuning.workloads.editor import EditMark, RequestResult, account

@@ -26,7 +26,6 @@ import orjson
 
 from mellum_proxy.config import Settings
 from mellum_proxy.console import POSITIVE, command, fail
-from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.telemetry.stats import log_to_read
 from mellum_proxy.tuning.reporting import lab_report
 from mellum_proxy.tuning.reporting.lab_report import meets_targets, requests_floor
@@ -36,6 +35,7 @@ from mellum_proxy.tuning.runners.lab import FIXED, GRID_AXES, MAX_GAP_MS, ORACLE
 from mellum_proxy.tuning.runners.playback import gaps_after
 from mellum_proxy.tuning.runners.policy import Policy
 from mellum_proxy.tuning.sim.server import profile
+from mellum_proxy.tuning.sim.server_profile import ServerProfile
 from mellum_proxy.tuning.workloads.convert import from_recording, load_trace
 from mellum_proxy.tuning.workloads.trace import Event, Trace, TraceError, limited
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from mellum_proxy.observe import Changes
-from mellum_proxy.planner.server_profile import ServerProfile
+from mellum_proxy.tuning.sim.server_profile import ServerProfile
 
 
 class SimRefused(Exception):

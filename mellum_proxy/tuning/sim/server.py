@@ -21,9 +21,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from mellum_proxy.planner.server_profile import ServerProfile
 from mellum_proxy.tuning.sim.engine import SimEngine, SimRefused
 from mellum_proxy.tuning.sim.responder import Responder, answering, routes
+from mellum_proxy.tuning.sim.server_profile import ServerProfile
 
 __all__ = ["PROFILES", "ServerProfile", "SimServer", "junk_text", "profile"]
 

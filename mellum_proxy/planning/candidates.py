@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mellum_proxy.planner.inspect import ModelInfo
-from mellum_proxy.planner.kvcache import KV_BYTES
-from mellum_proxy.planner.sweep import Cell, SweepSpec, best, sweep
-from mellum_proxy.planner.weights import bits_for
+from mellum_proxy.planning.inspect import ModelInfo
+from mellum_proxy.planning.kvcache import KV_BYTES
+from mellum_proxy.planning.sweep import Cell, SweepSpec, best, sweep
+from mellum_proxy.planning.weights import bits_for
 
 PASSING_LABELS = ("OK", "TIGHT")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mellum_proxy.planner.shapes import ModelShape
-from mellum_proxy.planner.sweep import Cell, SweepSpec, best, sweep
+from mellum_proxy.planning.shapes import ModelShape
+from mellum_proxy.planning.sweep import Cell, SweepSpec, best, sweep
 from mellum_proxy.upstream.servers import KINDS
 
 CANDIDATE_QUANTS = ("q4", "q5", "q6", "q8", "bf16")

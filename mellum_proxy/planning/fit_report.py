@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 
 from mellum_proxy.config import Settings
-from mellum_proxy.fit.choice import Choice
-from mellum_proxy.fit.measure import Measurement
+from mellum_proxy.planning.choice import Choice
+from mellum_proxy.planning.measure import Measurement
 from mellum_proxy.upstream.servers import KINDS
 
 GIB = 2**30

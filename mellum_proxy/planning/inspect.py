@@ -9,10 +9,10 @@ from typing import Any
 
 import orjson
 
-from mellum_proxy.planner.gguf_header import HeaderError, TensorInfo, read_header
-from mellum_proxy.planner.kvcache import KV_BYTES, kv_bytes, kv_bytes_per_token
-from mellum_proxy.planner.shapes import ModelShape, shape_from_config, shape_from_gguf
-from mellum_proxy.planner.weights import precision_tag, weight_files
+from mellum_proxy.planning.gguf_header import HeaderError, TensorInfo, read_header
+from mellum_proxy.planning.kvcache import KV_BYTES, kv_bytes, kv_bytes_per_token
+from mellum_proxy.planning.shapes import ModelShape, shape_from_config, shape_from_gguf
+from mellum_proxy.planning.weights import precision_tag, weight_files
 
 BUNDLED = Path(__file__).parent / "configs"  # Mellum reference configs, for --arch and the tests
 

@@ -7,7 +7,7 @@ whole micro-batch beyond the window), vLLM at the window; both are capped at the
 
 from __future__ import annotations
 
-from mellum_proxy.planner.shapes import ModelShape
+from mellum_proxy.planning.shapes import ModelShape
 
 # Bytes per cached value: f16/bf16 2; q8_0 34 bytes per 32 values; q4_0 18 per 32; fp8 1 (ggml / vLLM).
 KV_BYTES = {"f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "fp8": 1.0}

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mellum_proxy.planner.kvcache import kv_bytes
-from mellum_proxy.planner.shapes import ModelShape
-from mellum_proxy.planner.weights import QUANT_ALIASES, bits_for
+from mellum_proxy.planning.kvcache import kv_bytes
+from mellum_proxy.planning.shapes import ModelShape
+from mellum_proxy.planning.weights import QUANT_ALIASES, bits_for
 
 GIB = 2**30
 

@@ -14,16 +14,16 @@ from typing import Any
 import orjson
 
 from mellum_proxy.console import INDEX, POSITIVE, fail, real, whole
-from mellum_proxy.fit.candidates import Candidate, choose_candidates
-from mellum_proxy.fit.choice import Choice, choose, quality_floor
-from mellum_proxy.fit.measure import FitOptions, Measurement, measure
-from mellum_proxy.fit.memory import MemoryWatch
-from mellum_proxy.fit.quality import Quality, from_file, humaneval
-from mellum_proxy.fit.report import as_json, config_toml, plot, render
-from mellum_proxy.planner.cli import _ints
-from mellum_proxy.planner.inspect import InspectError, ModelInfo, inspect_path
-from mellum_proxy.planner.kvcache import KV_BYTES
-from mellum_proxy.planner.sweep import BACKEND_OVERHEAD_GIB, SweepSpec
+from mellum_proxy.planning.candidates import Candidate, choose_candidates
+from mellum_proxy.planning.choice import Choice, choose, quality_floor
+from mellum_proxy.planning.cli import _ints
+from mellum_proxy.planning.fit_report import as_json, config_toml, plot, render
+from mellum_proxy.planning.inspect import InspectError, ModelInfo, inspect_path
+from mellum_proxy.planning.kvcache import KV_BYTES
+from mellum_proxy.planning.measure import FitOptions, Measurement, measure
+from mellum_proxy.planning.memory import MemoryWatch
+from mellum_proxy.planning.quality import Quality, from_file, humaneval
+from mellum_proxy.planning.sweep import BACKEND_OVERHEAD_GIB, SweepSpec
 from mellum_proxy.upstream.embedded import SPEC_TYPES
 
 
@@ -186,10 +186,10 @@ async def _measure_all(chosen: list[Candidate], spec: SweepSpec, options: FitOpt
 
 
 def _speed(args: argparse.Namespace, choice: Choice, options: FitOptions) -> tuple[dict[str, Any], Choice, str | None]:
-    """The speed candidates at the chosen memory candidate (`mellum_proxy.fit.speed`): their report, the choice
+    """The speed candidates at the chosen memory candidate (`mellum_proxy.planning.speed`): their report, the choice
     with their knobs, and what interrupted them, if anything."""
-    from mellum_proxy.fit import speed
-    from mellum_proxy.fit.report import deadline_ms
+    from mellum_proxy.planning import speed
+    from mellum_proxy.planning.fit_report import deadline_ms
 
     try:
         trace, events = speed.read_events(args.trace, args.limit_events)
@@ -223,7 +223,7 @@ def _speed(args: argparse.Namespace, choice: Choice, options: FitOptions) -> tup
 
 def _editor_side(args: argparse.Namespace, choice: Choice, options: FitOptions) -> bool:
     """Profile the chosen server, tune the policies on it, merge the choice; True when interrupted."""
-    from mellum_proxy.fit.editor_side import merged_toml, profile_chosen, tune_on
+    from mellum_proxy.planning.editor_side import merged_toml, profile_chosen, tune_on
     from mellum_proxy.tuning.reporting.tune_report import verdict
 
     print(f"editor side: profiling the chosen server ({choice.chosen.candidate.name})", flush=True)

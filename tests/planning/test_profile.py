@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from mellum_proxy.cli import main
-from mellum_proxy.planner.cli import _speculating
-from mellum_proxy.planner.profile import _fit, profile
+from mellum_proxy.planning.cli import _speculating
+from mellum_proxy.planning.profile import _fit, profile
 from mellum_proxy.tuning.sim.server import profile as sim_profile
 
 
@@ -65,7 +65,7 @@ def test_a_few_requests_caught_in_a_slow_moment_do_not_make_the_spread() -> None
     share of the requests they are, not by how slow they were (the standard deviation tripled)."""
     import math
 
-    from mellum_proxy.planner.profile import spread
+    from mellum_proxy.planning.profile import spread
 
     steady = [100 * math.exp(0.1 * z) for z in (-1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5)] * 3 + [100.0, 100.0]
     caught = steady + [400.0] * 3
@@ -78,7 +78,7 @@ def test_the_spread_follows_the_slow_side_of_the_median() -> None:
     p95 sees, not the fast side's narrow one (the median absolute deviation, both sides, read 0.07 here)."""
     import math
 
-    from mellum_proxy.planner.profile import spread
+    from mellum_proxy.planning.profile import spread
 
     fast_side = [100 * math.exp(-0.05 * k / 5) for k in range(1, 6)]  # within 5 % below the median
     slow_side = [100 * math.exp(0.3 * k / 5) for k in range(1, 6)]  # up to 35 % above it

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mellum_proxy.fit.memory import MemoryWatch
+from mellum_proxy.planning.memory import MemoryWatch
 from mellum_proxy.telemetry.gpu import MIB, GpuReading
 
 GIB_MIB = 1024

@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from mellum_proxy.cli import main
-from mellum_proxy.fit.launch import why_it_failed
-from mellum_proxy.planner.logs import parse_log
+from mellum_proxy.planning.launch import why_it_failed
+from mellum_proxy.planning.logs import parse_log
 from mellum_proxy.upstream.embedded import packaged_model, start_log
 
 # Quoted from public bug reports (the lines as their authors pasted them):

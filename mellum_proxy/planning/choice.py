@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mellum_proxy.fit.candidates import quant_bits
-from mellum_proxy.fit.measure import Measurement
-from mellum_proxy.planner.kvcache import KV_BYTES
+from mellum_proxy.planning.candidates import quant_bits
+from mellum_proxy.planning.kvcache import KV_BYTES
+from mellum_proxy.planning.measure import Measurement
 
 QUALITY_SLACK = 0.10  # the default floor: the best candidate's exact-match rate less ten points
 

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from mellum_proxy.cli import main
-from mellum_proxy.planner.probe import PROBE_HEADER, probe
+from mellum_proxy.planning.probe import PROBE_HEADER, probe
 from tests.fakes import FakeGpu
 
 

@@ -21,12 +21,12 @@ import aiohttp
 
 from mellum_proxy.budget.tokenizers import CountingTokenizer, UpstreamTokenizer, upstream_counter
 from mellum_proxy.errors import UpstreamError
-from mellum_proxy.fit.candidates import Candidate
-from mellum_proxy.fit.launch import OOM, LoadFailed, Running, start
-from mellum_proxy.fit.memory import MemoryWatch
-from mellum_proxy.fit.quality import Quality, spot_check
-from mellum_proxy.planner.logs import parse_log
-from mellum_proxy.planner.profile import Prober, ProfileError, code_text
+from mellum_proxy.planning.candidates import Candidate
+from mellum_proxy.planning.launch import OOM, LoadFailed, Running, start
+from mellum_proxy.planning.logs import parse_log
+from mellum_proxy.planning.memory import MemoryWatch
+from mellum_proxy.planning.profile import Prober, ProfileError, code_text
+from mellum_proxy.planning.quality import Quality, spot_check
 from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.servers import discover
 from mellum_proxy.urls import free_port
@@ -87,7 +87,7 @@ class Measurement:
 async def measure(candidate: Candidate, budget_gib: float, margin: float, target_util: float, options: FitOptions,
                   say: Callable[[str], None]) -> Measurement:  # fmt: skip
     """Start, measure and stop one candidate's server."""
-    from mellum_proxy.fit.launch import command_for
+    from mellum_proxy.planning.launch import command_for
 
     result = Measurement(candidate)
     began = time.monotonic()

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mellum_proxy.planner.inspect import BUNDLED, InspectError, bundled_shape, inspect_path, report
-from mellum_proxy.planner.kvcache import kv_bytes, kv_bytes_per_token
-from mellum_proxy.planner.weights import precision_tag
+from mellum_proxy.planning.inspect import BUNDLED, InspectError, bundled_shape, inspect_path, report
+from mellum_proxy.planning.kvcache import kv_bytes, kv_bytes_per_token
+from mellum_proxy.planning.weights import precision_tag
 
 KIB, GIB = 1024, 2**30
 
@@ -143,7 +143,7 @@ def test_the_header_reader_agrees_with_the_gguf_package(tmp_path: Path) -> None:
     which reads every token string): the same metadata and tensor sizes, a long array only counted."""
     from gguf import GGUFReader
 
-    from mellum_proxy.planner.gguf_header import LongArray, read_header
+    from mellum_proxy.planning.gguf_header import LongArray, read_header
 
     path = tmp_path / "tiny.gguf"
     write_gguf(path, vocab=5000)

@@ -17,8 +17,8 @@ import signal
 import sys
 from dataclasses import dataclass, field
 
-from mellum_proxy.fit.candidates import Candidate
-from mellum_proxy.planner.probe import wait_healthy
+from mellum_proxy.planning.candidates import Candidate
+from mellum_proxy.planning.probe import wait_healthy
 
 LOG_LIMIT = 4 * 2**20  # the start-up log and what follows; a server that talks more keeps its first 4 MiB
 OOM = re.compile(r"(?i)out of memory|failed to allocate|cannot allocate|CUDA error: out|OutOfMemory|\bOOM\b")
@@ -73,7 +73,7 @@ def command_for(candidate: Candidate, server_cmd: str | None, port: int, threads
         ValueError: `server_cmd` names a placeholder `fit` does not fill.
     """
     if server_cmd is None:
-        return [sys.executable, "-m", "mellum_proxy.fit.embedded_child", str(candidate.model),
+        return [sys.executable, "-m", "mellum_proxy.planning.embedded_child", str(candidate.model),
                 str(candidate.context * candidate.batch), str(candidate.batch), candidate.kv_type, str(port),
                 str(threads), spec, str(cache_reuse)]  # fmt: skip
     values = {"model": str(candidate.model), "context": candidate.context, "batch": candidate.batch,
@@ -117,7 +117,7 @@ async def _collect(process: asyncio.subprocess.Process, output: bytearray) -> No
 
 
 async def _healthy(running: Running, timeout_s: float) -> None:
-    """Until the server's `/health` answers 200 (`planner.probe.wait_healthy`), or its process exits first."""
+    """Until the server's `/health` answers 200 (`planning.probe.wait_healthy`), or its process exits first."""
     healthy = asyncio.create_task(wait_healthy(running.url, timeout_s))
     exited = asyncio.create_task(running.process.wait())
     try:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mellum_proxy.fit.candidates import Candidate
-from mellum_proxy.fit.launch import LoadFailed, command_for, start
-from mellum_proxy.fit.measure import FitOptions
+from mellum_proxy.planning.candidates import Candidate
+from mellum_proxy.planning.launch import LoadFailed, command_for, start
+from mellum_proxy.planning.measure import FitOptions
 from mellum_proxy.urls import free_port
 
 SHIPPED_TRACE = "json-crdt-blog-post.json.gz"  # mellum_proxy/tuning/traces, with its licence

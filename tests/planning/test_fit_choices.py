@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from mellum_proxy.cli import main
-from mellum_proxy.fit import speed
-from mellum_proxy.fit.candidates import Candidate, choose_candidates
-from mellum_proxy.fit.choice import choose, quality_floor
-from mellum_proxy.fit.editor_side import merged_toml
-from mellum_proxy.fit.launch import command_for, why_it_failed
-from mellum_proxy.fit.measure import Measurement
-from mellum_proxy.fit.report import config_toml
-from mellum_proxy.planner.inspect import BUNDLED, inspect_path
-from mellum_proxy.planner.sweep import SweepSpec
+from mellum_proxy.planning import speed
+from mellum_proxy.planning.candidates import Candidate, choose_candidates
+from mellum_proxy.planning.choice import choose, quality_floor
+from mellum_proxy.planning.editor_side import merged_toml
+from mellum_proxy.planning.fit_report import config_toml
+from mellum_proxy.planning.inspect import BUNDLED, inspect_path
+from mellum_proxy.planning.launch import command_for, why_it_failed
+from mellum_proxy.planning.measure import Measurement
+from mellum_proxy.planning.sweep import SweepSpec
 from mellum_proxy.settings_file import load_settings
 from mellum_proxy.tuning.workloads.trace import Edit, Open
 

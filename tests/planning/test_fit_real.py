@@ -13,10 +13,10 @@ import orjson
 import pytest
 
 from mellum_proxy.cli import main
-from mellum_proxy.fit import speed
-from mellum_proxy.fit.candidates import Candidate
-from mellum_proxy.fit.measure import FitOptions, measure
-from mellum_proxy.planner.sweep import Cell
+from mellum_proxy.planning import speed
+from mellum_proxy.planning.candidates import Candidate
+from mellum_proxy.planning.measure import FitOptions, measure
+from mellum_proxy.planning.sweep import Cell
 from mellum_proxy.settings_file import load_settings
 from mellum_proxy.upstream.embedded import packaged_model
 

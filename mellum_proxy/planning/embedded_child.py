@@ -1,7 +1,7 @@
 """The embedded llama.cpp server in a process of its own, for `mellum-proxy fit`: one candidate's knobs, its
 start-up log (buffer sizes) on stderr, its memory the process's own. It serves until it is terminated.
 
-    python -m mellum_proxy.fit.embedded_child MODEL CTX_TOTAL SLOTS KV_TYPE PORT THREADS [SPEC CACHE_REUSE]
+    python -m mellum_proxy.planning.embedded_child MODEL CTX_TOTAL SLOTS KV_TYPE PORT THREADS [SPEC CACHE_REUSE]
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from mellum_proxy.planner.server_profile import ServerProfile
+from mellum_proxy.tuning.sim.server_profile import ServerProfile
 from mellum_proxy.upstream.client import UpstreamClient
 from mellum_proxy.upstream.servers import discover
 

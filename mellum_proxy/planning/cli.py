@@ -12,14 +12,14 @@ import aiohttp
 import orjson
 
 from mellum_proxy.console import POSITIVE, fail, real
-from mellum_proxy.planner.defaults import CANDIDATE_QUANTS, choose
-from mellum_proxy.planner.inspect import InspectError, ModelInfo, bundled_shape, inspect_path, render, report
-from mellum_proxy.planner.kvcache import KV_BYTES, kv_bytes
-from mellum_proxy.planner.logs import compare, parse_log
-from mellum_proxy.planner.shapes import ASSUMED_ARCH
-from mellum_proxy.planner.sweep import BACKEND_OVERHEAD_GIB, SweepSpec, as_rows, best, sweep
-from mellum_proxy.planner.sweep import render as render_sweep
-from mellum_proxy.planner.weights import QUANT_ALIASES, bits_for
+from mellum_proxy.planning.defaults import CANDIDATE_QUANTS, choose
+from mellum_proxy.planning.inspect import InspectError, ModelInfo, bundled_shape, inspect_path, render, report
+from mellum_proxy.planning.kvcache import KV_BYTES, kv_bytes
+from mellum_proxy.planning.logs import compare, parse_log
+from mellum_proxy.planning.shapes import ASSUMED_ARCH
+from mellum_proxy.planning.sweep import BACKEND_OVERHEAD_GIB, SweepSpec, as_rows, best, sweep
+from mellum_proxy.planning.sweep import render as render_sweep
+from mellum_proxy.planning.weights import QUANT_ALIASES, bits_for
 from mellum_proxy.telemetry.doctor import diagnose, read_probe
 from mellum_proxy.telemetry.stats import log_to_read, read_log
 
@@ -311,7 +311,7 @@ async def _speculating(model: Path | None, spec: str = "ngram-mod") -> dict[str,
     embedded`; another server's speculation is its own to switch, and `fit --spec` measures it)."""
     import asyncio
 
-    from mellum_proxy.planner.profile import decode_with
+    from mellum_proxy.planning.profile import decode_with
     from mellum_proxy.upstream.embedded import EmbeddedServer
 
     server = EmbeddedServer(model, ctx_tokens=4096 if model is None else 8192, slots=2, spec=spec)
@@ -325,7 +325,7 @@ async def _speculating(model: Path | None, spec: str = "ngram-mod") -> dict[str,
 def run_profile(args: argparse.Namespace) -> None:
     import asyncio
 
-    from mellum_proxy.planner.profile import ProfileError, profile
+    from mellum_proxy.planning.profile import ProfileError, profile
     from mellum_proxy.upstream.health import server_problem, unreachable_line
     from mellum_proxy.urls import upstream_base_url
 

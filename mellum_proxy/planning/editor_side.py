@@ -8,16 +8,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mellum_proxy.fit.candidates import Candidate
-from mellum_proxy.fit.launch import command_for, start
-from mellum_proxy.fit.measure import FitOptions
+from mellum_proxy.planning.candidates import Candidate
+from mellum_proxy.planning.launch import command_for, start
+from mellum_proxy.planning.measure import FitOptions
 from mellum_proxy.urls import free_port
 
 
 async def profile_chosen(candidate: Candidate, options: FitOptions, say: Callable[[str], None], spec: str = "none",
                          cache_reuse: int = 0) -> Any:  # fmt: skip
     """The chosen candidate's server (with the chosen speed knobs) started again and profiled, then stopped."""
-    from mellum_proxy.planner.profile import profile
+    from mellum_proxy.planning.profile import profile
 
     port = free_port()
     server = await start(command_for(candidate, options.server_cmd, port, options.threads, spec, cache_reuse), port,

@@ -8,10 +8,10 @@ import orjson
 import pytest
 
 from mellum_proxy.cli import main
-from mellum_proxy.planner.defaults import choose
-from mellum_proxy.planner.inspect import bundled_shape
-from mellum_proxy.planner.shapes import ASSUMED_ARCH
-from mellum_proxy.planner.sweep import GIB, SweepSpec, best, label, sweep
+from mellum_proxy.planning.defaults import choose
+from mellum_proxy.planning.inspect import bundled_shape
+from mellum_proxy.planning.shapes import ASSUMED_ARCH
+from mellum_proxy.planning.sweep import GIB, SweepSpec, best, label, sweep
 from mellum_proxy.telemetry.doctor import diagnose
 from mellum_proxy.upstream.embedded import packaged_model
 

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from mellum_proxy.cli import main
-from mellum_proxy.planner.inspect import BUNDLED
+from mellum_proxy.planning.inspect import BUNDLED
 
 
 def test_inspect_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
