@@ -17,13 +17,14 @@ from mellum_proxy.planning.inspect import InspectError, ModelInfo, bundled_shape
 from mellum_proxy.planning.kvcache import KV_BYTES, kv_bytes
 from mellum_proxy.planning.logs import compare, parse_log
 from mellum_proxy.planning.shapes import ASSUMED_ARCH
-from mellum_proxy.planning.sweep import BACKEND_OVERHEAD_GIB, SweepSpec, as_rows, best, sweep
+from mellum_proxy.planning.sweep import SweepSpec, as_rows, best, sweep
 from mellum_proxy.planning.sweep import render as render_sweep
 from mellum_proxy.planning.weights import QUANT_ALIASES, bits_for
 from mellum_proxy.telemetry.doctor import diagnose, read_probe
 from mellum_proxy.telemetry.stats import log_to_read, read_log
-
-BACKENDS = sorted(BACKEND_OVERHEAD_GIB)
+from mellum_proxy.upstream.servers import kind_named, loader_names
+from mellum_proxy.upstream.servers.llamacpp import LLAMACPP
+from mellum_proxy.upstream.servers.vllm import VLLM
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -54,7 +55,7 @@ def _spec_options(parser: argparse.ArgumentParser) -> None:
         "--target-util", type=real(0, 1, above=True), default=0.85, help="utilization ceiling [default: 0.85]"
     )
     parser.add_argument("--kv-dtype", choices=sorted(KV_BYTES), default="f16", help="KV cache type [default: f16]")
-    parser.add_argument("--backend", choices=BACKENDS,
+    parser.add_argument("--backend", choices=sorted(loader_names()),
                         help="serving engine [default: llama.cpp for a .gguf, else vllm]")  # fmt: skip
     parser.add_argument(
         "--overhead-gib", type=real(0), help="runtime overhead beyond weights and KV [default: per backend]"
@@ -132,7 +133,7 @@ def _backend(args: argparse.Namespace) -> str:
     if args.backend:
         return str(args.backend)
     model = getattr(args, "model", None)
-    return "llama.cpp" if model is not None and model.suffix.lower() == ".gguf" else "vllm"
+    return LLAMACPP.name if model is not None and model.suffix.lower() == ".gguf" else VLLM.name
 
 
 def _within_file(quants: tuple[str, ...], info: ModelInfo) -> tuple[tuple[str, ...], list[str]]:
@@ -244,24 +245,16 @@ def run_inspect_log(args: argparse.Namespace) -> None:
 
 
 def _compare(backend: str, facts: dict[str, Any], weights: int, kv: int, info: ModelInfo, text: str) -> dict[str, Any]:
-    import re
-
     rows: dict[str, Any] = {}
     if weights:
         rows["weights"] = compare(weights, info.weights_bytes)
     dtype = str(facts.get("kv_type", "f16")).lower()
     dtype = dtype if dtype in KV_BYTES else "f16"
-    if backend == "llama.cpp" and kv and "n_ctx_seq" in facts:
-        estimate = kv_bytes(info.shape, facts["n_ctx_seq"], facts.get("n_seq_max", 1), dtype, "llama.cpp")
-        rows["kv"] = compare(kv, estimate)
-    elif backend == "ollama" and kv:
-        ctx = re.search(r"--ctx-size (\d+)", text)
-        parallel = re.search(r"--parallel (\d+)", text)
-        if ctx:
-            seqs = int(parallel[1]) if parallel else 1
-            rows["kv"] = compare(kv, kv_bytes(info.shape, int(ctx[1]) // seqs, seqs, dtype, "ollama"))
-    elif backend == "vllm" and kv and "kv_cache_tokens" in facts:
-        rows["kv"] = compare(kv, kv_bytes(info.shape, facts["kv_cache_tokens"], 1, dtype, "vllm"))
+    memory = kind_named(backend).memory
+    extent = memory.kv_extent(facts, text) if memory is not None and kv else None
+    if memory is not None and extent is not None:
+        context, sequences = extent
+        rows["kv"] = compare(kv, kv_bytes(info.shape, context, sequences, dtype, memory.window_extra_tokens))
     return rows
 
 

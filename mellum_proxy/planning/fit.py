@@ -23,8 +23,10 @@ from mellum_proxy.planning.kvcache import KV_BYTES
 from mellum_proxy.planning.measure import FitOptions, Measurement, measure
 from mellum_proxy.planning.memory import MemoryWatch
 from mellum_proxy.planning.quality import Quality, from_file, humaneval
-from mellum_proxy.planning.sweep import BACKEND_OVERHEAD_GIB, SweepSpec
+from mellum_proxy.planning.sweep import SweepSpec, overhead_gib
 from mellum_proxy.upstream.embedded import SPEC_TYPES
+from mellum_proxy.upstream.servers import KINDS, loader_names
+from mellum_proxy.upstream.servers.llamacpp import LLAMACPP
 
 
 def _names(known: tuple[str, ...] | dict[str, Any], what: str) -> Callable[[str], tuple[str, ...]]:
@@ -61,7 +63,7 @@ def add_commands(commands: Any) -> None:
     fit.add_argument("--candidates", type=POSITIVE, default=3, help="how many to measure [default: 3]")
     fit.add_argument("--margin", type=real(0, 0.9), default=0.25, help="headroom to keep [default: 0.25]")
     fit.add_argument("--target-util", type=real(0, 1, above=True), default=0.85, help="[default: 0.85]")
-    fit.add_argument("--backend", choices=sorted(BACKEND_OVERHEAD_GIB),
+    fit.add_argument("--backend", choices=sorted(loader_names()),
                      help="the paper's overhead [default: llama.cpp, vllm when --server-cmd runs vllm]")  # fmt: skip
     fit.add_argument("--overhead-gib", type=real(0), help="the paper's runtime overhead [default: per backend]")
     fit.add_argument("--quality", type=Path, help='JSONL of {"prefix","suffix","expected"} [default: HumanEval]')
@@ -118,9 +120,18 @@ def _quality(args: argparse.Namespace) -> Quality | None:
     return Quality(chosen.tasks, chosen.source, args.template)
 
 
+def _kind_started_by(command: str | None) -> str:
+    """The server kind a `--server-cmd` starts (a word of its `Memory.command_words` in it); llama.cpp, as the
+    embedded server is, where none says."""
+    for kind in KINDS:
+        if command and kind.memory is not None and any(word in command for word in kind.memory.command_words):
+            return kind.name
+    return LLAMACPP.name
+
+
 def run_fit(args: argparse.Namespace) -> None:
     infos = _models(args)
-    backend = args.backend or ("vllm" if args.server_cmd and "vllm" in args.server_cmd else "llama.cpp")
+    backend = args.backend or _kind_started_by(args.server_cmd)
     contexts = tuple(sorted(set(args.contexts or (args.context, 2 * args.context))))
     if max(contexts) < args.context:
         fail(f"--contexts must reach the business context {args.context}")
@@ -278,7 +289,7 @@ def _write(args: argparse.Namespace, spec: SweepSpec, measured: list[Measurement
     """Write the run's files; a `partial` run (interrupted) says so in each, and prints no "next" line."""
     from mellum_proxy.tuning.reporting.writing import command_line  # the bench loads only when a command runs
 
-    overhead = spec.overhead_gib if spec.overhead_gib is not None else BACKEND_OVERHEAD_GIB[spec.backend]
+    overhead = overhead_gib(spec)
     meta = {"command": command_line("mellum-proxy", skip=1), "server": server, "gpu_gib": spec.gpu_gib,
             "margin": spec.margin, "context": spec.business_context, "interrupted": partial is not None,
             "partial": partial,

@@ -14,14 +14,10 @@ from typing import Any
 from mellum_proxy.planning.kvcache import kv_bytes
 from mellum_proxy.planning.shapes import ModelShape
 from mellum_proxy.planning.weights import QUANT_ALIASES, bits_for
+from mellum_proxy.upstream.servers import memory_of
+from mellum_proxy.upstream.servers.vllm import VLLM
 
 GIB = 2**30
-
-# Memory a backend needs beyond weights and KV cache, in GiB (override with --overhead-gib). Rules of thumb
-# from the engines' own start-up logs: vLLM's profiler reports ~0.5 GiB non-torch memory (CUDA context)
-# plus an activation peak and CUDA graphs of ~1 GiB for models of this size; llama.cpp's CUDA context is
-# ~0.3 GiB and its compute buffer ~0.2-0.5 GiB (it grows with n_ubatch x vocab); Ollama runs llama.cpp.
-BACKEND_OVERHEAD_GIB = {"vllm": 1.5, "llama.cpp": 0.6, "ollama": 0.8}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +42,7 @@ class SweepSpec:
     margin: float = 0.25
     target_util: float = 0.85
     kv_dtype: str = "f16"
-    backend: str = "vllm"
+    backend: str = VLLM.name  # a server kind that loads models itself (`Memory`)
     overhead_gib: float | None = None
     business_context: int | None = None  # default: the largest of `contexts`
     params_total: float | None = None  # given on the command line (--total-b) instead of counted from a shape
@@ -76,15 +72,21 @@ def weights_for(quant: str, shape: ModelShape, measured: tuple[str, int] | None,
     return round(shape.params_total * bits / 8)
 
 
+def overhead_gib(spec: SweepSpec) -> float:
+    """Memory beyond weights and KV cache: `--overhead-gib`, else the backend's rule of thumb from its own start-up
+    logs (`Memory.overhead_gib` of its server kind)."""
+    return spec.overhead_gib if spec.overhead_gib is not None else memory_of(spec.backend).overhead_gib
+
+
 def sweep(shape: ModelShape, spec: SweepSpec, measured: tuple[str, int] | None = None) -> list[Cell]:
-    overhead = round((spec.overhead_gib if spec.overhead_gib is not None else BACKEND_OVERHEAD_GIB[spec.backend]) * GIB)
+    overhead = round(overhead_gib(spec) * GIB)
     gpu = spec.gpu_gib * GIB
     cells = []
     for quant in spec.quants:
         weights = weights_for(quant, shape, measured, spec)
         for context in spec.contexts:
             for batch in spec.batches:
-                kv = kv_bytes(shape, context, batch, spec.kv_dtype, spec.backend)
+                kv = kv_bytes(shape, context, batch, spec.kv_dtype, memory_of(spec.backend).window_extra_tokens)
                 total = weights + kv + overhead
                 util = total / gpu
                 cells.append(

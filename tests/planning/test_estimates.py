@@ -11,6 +11,7 @@ import pytest
 from mellum_proxy.planning.inspect import BUNDLED, InspectError, bundled_shape, inspect_path, report
 from mellum_proxy.planning.kvcache import kv_bytes, kv_bytes_per_token
 from mellum_proxy.planning.weights import precision_tag
+from mellum_proxy.upstream.servers import memory_of
 
 KIB, GIB = 1024, 2**30
 
@@ -31,12 +32,13 @@ def test_mellum_2_1_kv_is_sliding_window_aware() -> None:
     per_layer_token = 2 * 4 * 128 * 2
     for context in (32768, 131072):
         naive = kv_bytes_per_token(shape, "f16") * context
-        aware = kv_bytes(shape, context, 1, "f16", backend="vllm")
+        aware = kv_bytes(shape, context, 1, "f16", memory_of("vllm").window_extra_tokens)
         assert aware == per_layer_token * (7 * context + 21 * 1024)
         assert aware < 0.3 * naive
     assert kv_bytes(shape, 512, 1) == kv_bytes_per_token(shape) * 512  # shorter than the window: all layers
     # llama.cpp keeps window + n_ubatch cells in its sliding-window cache
-    assert kv_bytes(shape, 32768, 1, backend="llama.cpp") == per_layer_token * (7 * 32768 + 21 * 1536)
+    extra = memory_of("llama.cpp").window_extra_tokens
+    assert kv_bytes(shape, 32768, 1, "f16", extra) == per_layer_token * (7 * 32768 + 21 * 1536)
 
 
 def test_mellum_2_1_moe_parameters() -> None:

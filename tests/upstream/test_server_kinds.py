@@ -16,7 +16,8 @@ from aiohttp import web
 from mellum_proxy.config import Settings
 from mellum_proxy.http import RECORDS
 from mellum_proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
-from mellum_proxy.upstream.servers import KINDS, Found, ServerKind, Transport, kind_named, register
+from mellum_proxy.upstream.servers import KINDS, Found, Memory, ServerKind, Transport, kind_named, register
+from mellum_proxy.upstream.servers.startup_log import StartupLog
 from tests.conftest import ProxyFactory
 
 
@@ -45,10 +46,17 @@ async def count_line_slots(upstream: Transport) -> int | None:
     return int((await upstream.get_json("/line/info"))["slots"])
 
 
+def read_line_log(report: StartupLog, line: str) -> None:
+    if line.startswith("line-server: weights "):
+        report.backend, report.weights_bytes = "line", int(line.split()[-1])
+        report.facts["cells"] = 640
+
+
 LINE = ServerKind(
     name="line", title="Line server", discover=discover_line, wire=LineWire(),
     probe=("/line/info", lambda answer: isinstance(answer, dict) and answer.get("server") == "line"),
     count_slots=count_line_slots, start_flags=lambda context, batch, kv: f"line-server --ctx {context} -n {batch}",
+    memory=Memory(2.25, read_line_log, lambda facts, text: (facts["cells"], 1), command_words=("line-server",)),
 )  # fmt: skip
 
 
@@ -90,6 +98,22 @@ def test_the_setting_takes_a_registered_kind_and_only_known_ones(line_kind: Serv
     with pytest.raises(pydantic.ValidationError, match="auto or one of"):
         Settings(upstream_kind="lime")
     assert KINDS[-1].name == "openai"  # the fallback stays last: detection tries the new kind before it
+
+
+def test_the_planning_tools_plan_for_a_registered_kind_from_its_own_facts(line_kind: ServerKind) -> None:
+    """`sweep --backend line` takes its overhead, `inspect-log` reads its lines, `fit --server-cmd` knows its
+    command: nothing of the planning tools names a kind."""
+    from mellum_proxy.cli import build_parser
+    from mellum_proxy.planning.fit import _kind_started_by
+    from mellum_proxy.planning.logs import parse_log
+    from mellum_proxy.planning.sweep import SweepSpec, overhead_gib
+
+    assert overhead_gib(SweepSpec(24, ("q8",), (4096,), (1,), backend="line")) == 2.25
+    found = parse_log("loading\nline-server: weights 1234\n")
+    assert (found.backend, found.weights_bytes) == ("line", 1234)
+    assert _kind_started_by("line-server --model m.gguf") == "line"
+    args = build_parser().parse_args(["sweep", "--total-b", "4", "--gpu-gib", "24", "--backend", "line"])
+    assert args.backend == "line"
 
 
 async def test_a_registered_kind_is_detected_discovered_and_completed_through(

@@ -1,9 +1,10 @@
 """The kinds of model server the proxy knows, one module each, as the editor dialects are in `dialects/`.
 
 Adding a kind is a module with a `ServerKind` and one line in `KINDS` (or `register(kind)`): the `upstream_kind`
-setting takes its name, detection asks its probe, discovery, the completion wire, the held count, `/tokenize`,
-the context-overflow phrasings and `fit`'s server flags follow. Detection goes in `KINDS`' order, and a server
-nothing tells apart is `openai`, the last.
+setting takes its name, detection asks its probe, discovery, the completion wire, the held count, `/tokenize`, the
+context-overflow phrasings, `fit`'s server flags and, with `memory`, the planning tools (`sweep --backend`, `fit`,
+`inspect-log`: its overhead, start-up log lines and KV layout) follow. Detection goes in `KINDS`' order, and a
+server nothing tells apart is `openai`, the last.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from mellum_proxy.errors import ProxyError, UpstreamError, UpstreamStatusError
-from mellum_proxy.upstream.servers.base import Found, ServerKind, TokenizeShape, Transport
+from mellum_proxy.upstream.servers.base import Found, Memory, ServerKind, TokenizeShape, Transport
 from mellum_proxy.upstream.servers.llamacpp import LLAMACPP
 from mellum_proxy.upstream.servers.lmstudio import LMSTUDIO
 from mellum_proxy.upstream.servers.ollama import OLLAMA
@@ -21,7 +22,18 @@ from mellum_proxy.upstream.servers.vllm import VLLM
 KINDS: list[ServerKind] = [LLAMACPP, OLLAMA, VLLM, LMSTUDIO, OPENAI]
 GENERIC = OPENAI  # what a server is until discovery says more (it asks every kind's sources)
 
-__all__ = ["GENERIC", "KINDS", "Found", "ServerKind", "Transport", "detect", "discover", "kind_named", "register"]
+__all__ = [
+    "GENERIC",
+    "KINDS",
+    "Found",
+    "Memory",
+    "ServerKind",
+    "Transport",
+    "detect",
+    "discover",
+    "kind_named",
+    "register",
+]
 
 
 class Client(Transport, Protocol):
@@ -38,6 +50,21 @@ def register(kind: ServerKind) -> None:
 
 def kind_names() -> tuple[str, ...]:
     return tuple(kind.name for kind in KINDS)
+
+
+def memory_of(name: str) -> Memory:
+    """The planning tools' facts of the kind named `name` (`sweep --backend`, `fit`, `inspect-log`).
+
+    Raises: ValueError for a name no kind that loads models itself has."""
+    memory = kind_named(name).memory
+    if memory is None:
+        raise ValueError(f"server kind '{name}' loads no model itself ({', '.join(loader_names())})")
+    return memory
+
+
+def loader_names() -> tuple[str, ...]:
+    """The kinds that load a model themselves: what the planning tools plan for."""
+    return tuple(kind.name for kind in KINDS if kind.memory is not None)
 
 
 def kind_named(name: str) -> ServerKind:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from mellum_proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
+from mellum_proxy.upstream.servers.startup_log import StartupLog
 
 
 class Transport(Protocol):
@@ -76,6 +77,18 @@ class Overflow:
 
 
 @dataclass(frozen=True, slots=True)
+class Memory:
+    """What the VRAM planning tools need of a kind that loads the model itself (`sweep`, `fit`, `inspect-log`)."""
+
+    overhead_gib: float  # beyond weights and KV cache (CUDA context, compute buffers, graphs), from its own logs
+    read_log_line: Callable[[StartupLog, str], None]  # what one line of its start-up log says it allocated
+    # (tokens per sequence, sequences) its KV cache was sized for, from the log's facts and text
+    kv_extent: Callable[[dict[str, Any], str], tuple[int, int] | None]
+    window_extra_tokens: int = 0  # a sliding-window layer keeps this many tokens beyond its window
+    command_words: tuple[str, ...] = ()  # a start command (`fit --server-cmd`) naming one of these starts it
+
+
+@dataclass(frozen=True, slots=True)
 class ServerKind:
     name: str  # the `upstream_kind` setting's value
     title: str  # how people write it
@@ -100,3 +113,4 @@ class ServerKind:
     save_slots: Callable[[Transport], Awaitable[int]] | None = None
     restore_slots: Callable[[Transport], Awaitable[int]] | None = None
     cache_per_slot: bool = False  # each slot keeps its own prompt cache (all empty after a sleep)
+    memory: Memory | None = None  # for the planning tools; None: it does not load models itself

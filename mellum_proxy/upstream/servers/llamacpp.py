@@ -17,8 +17,9 @@ import re
 from typing import Any
 
 from mellum_proxy.errors import UpstreamError, UpstreamProtocolError
-from mellum_proxy.upstream.servers.base import Found, Overflow, ServerKind, TokenizeShape, Transport
+from mellum_proxy.upstream.servers.base import Found, Memory, Overflow, ServerKind, TokenizeShape, Transport
 from mellum_proxy.upstream.servers.openai import CompletionsWire, listed_context, positive, served_model
+from mellum_proxy.upstream.servers.startup_log import StartupLog, size_bytes
 
 PREFIX = "llamacpp:"
 # `/metrics` names (server-http metrics): what it runs and what waits for a slot; what each decode step carried
@@ -151,6 +152,58 @@ def start_flags(context: int, batch: int, kv_type: str) -> str:
     return f"llama-server -c {context * batch} -np {batch} -ctk {kv_type} -ctv {kv_type} -ngl 99 --metrics"
 
 
+_LOG_LINES = [
+    # current builds: "load_tensors: CUDA0 model buffer size"; older: "llm_load_tensors: ROCm0 buffer size"
+    (re.compile(r"load_tensors:\s+(\S+) (?:model )?buffer size =\s+([\d.]+) (MiB|GiB)"), "model_buffer"),
+    # every build prints "KV buffer size" once per cache; newer ones add a "size = ... cells" line for it
+    (re.compile(r"KV buffer size =\s+([\d.]+) (MiB|GiB)"), "kv"),
+    (re.compile(r"llama_kv_cache(?:_unified)?: size =\s+[\d.]+ \w+ \(\s*(\d+) cells,\s+(\d+) layers"), "kv_cells"),
+    # `(?<!\S)`: a device name starts after a space or at the line start; without it a long line without spaces
+    # makes the search quadratic (each start position runs `\S+` to the end of the line)
+    (re.compile(r"(?<!\S)(\S+) compute buffer size =\s+([\d.]+) (MiB|GiB)"), "compute"),
+    (re.compile(r"offloaded (\d+)/(\d+) layers to GPU"), "offload"),
+    (re.compile(r"print_info: file type\s+=\s+(.+)$"), "file_type"),
+    (re.compile(r"llama_context: n_ctx\s+=\s+(\d+)"), "n_ctx"),
+    (re.compile(r"llama_context: n_ctx_seq\s+=\s+(\d+)"), "n_ctx_seq"),
+    (re.compile(r"llama_context: n_seq_max\s+=\s+(\d+)"), "n_seq_max"),
+    (re.compile(r"K \((\w+)\):"), "kv_type"),
+]
+
+
+def read_log_line(report: StartupLog, line: str) -> None:
+    """llama-server's start-up lines: its buffers per device, the KV cache and the context it was sized for."""
+    for pattern, kind in _LOG_LINES:
+        match = pattern.search(line)
+        if not match:
+            continue
+        report.backend = report.backend or LLAMACPP.name
+        if kind == "model_buffer" and "REPACK" not in match[1]:  # a repack buffer is a CPU-side copy
+            report.weights_bytes += size_bytes(match[2], match[3])
+            report.note(line)
+        elif kind == "kv":
+            report.kv_bytes += size_bytes(match[1], match[2])
+            report.note(line)
+        elif kind == "kv_cells":
+            report.facts.setdefault("kv_caches", []).append({"cells": int(match[1]), "layers": int(match[2])})
+        elif kind == "compute":
+            report.compute_bytes += size_bytes(match[2], match[3])
+        elif kind == "offload":
+            report.facts["offloaded_layers"] = f"{match[1]}/{match[2]}"
+            report.note(line)
+        elif kind == "file_type":
+            report.facts["file_type"] = match[1].strip()
+        elif kind in ("n_ctx", "n_ctx_seq", "n_seq_max"):
+            report.facts[kind] = int(match[1])
+        elif kind == "kv_type":
+            report.facts["kv_type"] = match[1]
+
+
+def kv_extent(facts: dict[str, Any], text: str) -> tuple[int, int] | None:
+    return (facts["n_ctx_seq"], facts.get("n_seq_max", 1)) if "n_ctx_seq" in facts else None
+
+
+UBATCH = 512  # llama.cpp's default n_ubatch: a sliding-window layer keeps this much beyond its window
+
 LLAMACPP = ServerKind(
     name="llama.cpp",
     title="llama.cpp",
@@ -170,4 +223,6 @@ LLAMACPP = ServerKind(
     cache_per_slot=True,
     save_slots=save_slots,
     restore_slots=restore_slots,
+    # its CUDA context is ~0.3 GiB and its compute buffer ~0.2-0.5 GiB (it grows with n_ubatch x vocab)
+    memory=Memory(0.6, read_log_line, kv_extent, window_extra_tokens=UBATCH, command_words=("llama-server",)),
 )

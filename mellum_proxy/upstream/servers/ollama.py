@@ -29,8 +29,9 @@ import aiohttp
 
 from mellum_proxy.errors import UpstreamError, UpstreamProtocolError
 from mellum_proxy.models import BudgetedPrompt, Chunk, NormalizedRequest
-from mellum_proxy.upstream.servers.base import Found, ServerKind, Transport
+from mellum_proxy.upstream.servers.base import Found, Memory, ServerKind, Transport
 from mellum_proxy.upstream.servers.openai import drain
+from mellum_proxy.upstream.servers.startup_log import StartupLog, size_bytes
 from mellum_proxy.upstream.sse import MAX_EVENT_BYTES, load_event
 
 GENERATE_PATH = "/api/generate"
@@ -224,6 +225,37 @@ def start_flags(context: int, batch: int, kv_type: str) -> str:
     return f"num_ctx {context}, OLLAMA_NUM_PARALLEL={batch}, OLLAMA_KV_CACHE_TYPE={kv_type}, OLLAMA_FLASH_ATTENTION=1"
 
 
+_LOG_LINE = re.compile(r'memory\.(required\.full|required\.kv|weights\.total|graph\.full)="([\d.]+) (GiB|MiB|KiB|B)"')
+
+
+def read_log_line(report: StartupLog, line: str) -> None:
+    """Ollama's `memory.*="..."` line: the weights, the KV cache, the compute graph and the whole it requires."""
+    found = _LOG_LINE.findall(line)
+    if not found:
+        return
+    report.backend = OLLAMA.name
+    report.note(line)
+    for key, number, unit in found:
+        size = size_bytes(number, unit)
+        if key == "weights.total":
+            report.weights_bytes = size
+        elif key == "required.kv":
+            report.kv_bytes = size
+        elif key == "required.full":
+            report.facts["required_full_bytes"] = size
+        elif key == "graph.full":
+            report.compute_bytes = size
+
+
+def kv_extent(facts: dict[str, Any], text: str) -> tuple[int, int] | None:
+    """From the llama.cpp runner's command line it logs: `--ctx-size` over all `--parallel` sequences."""
+    context, parallel = re.search(r"--ctx-size (\d+)", text), re.search(r"--parallel (\d+)", text)
+    if context is None:
+        return None
+    sequences = int(parallel[1]) if parallel else 1
+    return int(context[1]) // sequences, sequences
+
+
 OLLAMA = ServerKind(
     name="ollama",
     title="Ollama",
@@ -234,4 +266,5 @@ OLLAMA = ServerKind(
     asleep=asleep,
     wake=wake,
     keep_alive=True,
+    memory=Memory(0.8, read_log_line, kv_extent, window_extra_tokens=512, command_words=("ollama",)),  # llama.cpp
 )

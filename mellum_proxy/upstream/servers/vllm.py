@@ -11,8 +11,9 @@ import re
 from typing import Any
 
 from mellum_proxy.errors import UpstreamError, UpstreamProtocolError
-from mellum_proxy.upstream.servers.base import Found, Overflow, ServerKind, TokenizeShape, Transport
+from mellum_proxy.upstream.servers.base import Found, Memory, Overflow, ServerKind, TokenizeShape, Transport
 from mellum_proxy.upstream.servers.openai import CompletionsWire, listed_context, served_model
+from mellum_proxy.upstream.servers.startup_log import StartupLog, size_bytes
 
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 PROMPT_TOKENS, GENERATION_TOKENS = "vllm:prompt_tokens_total", "vllm:generation_tokens_total"
@@ -71,6 +72,44 @@ def start_flags(context: int, batch: int, kv_type: str) -> str:
     return f"vllm serve MODEL --max-model-len {context} --max-num-seqs {batch} --kv-cache-dtype {cache}"
 
 
+_LOG_LINES = [
+    (re.compile(r"(?:Model loading|Loading model weights) took ([\d.]+) (GiB|GB|MiB)"), "weights"),
+    (re.compile(r"Available KV cache memory: ([\d.]+) (GiB|GB|MiB)"), "kv"),
+    (re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens"), "kv_tokens"),
+    # the CPU build: the checkpoint as loaded, and the KV cache pool VLLM_CPU_KVCACHE_SPACE set
+    (re.compile(r"Checkpoint size: ([\d.]+) (GiB|GB|MiB)"), "checkpoint"),
+    (re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) (GiB) for KV cache"), "kv"),
+    (re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"), "concurrency"),
+]
+
+
+def read_log_line(report: StartupLog, line: str) -> None:
+    """vLLM's start-up lines: the weights as loaded, the KV cache's memory and tokens, its concurrency."""
+    for pattern, kind in _LOG_LINES:
+        match = pattern.search(line)
+        if not match:
+            continue
+        report.backend = VLLM.name
+        report.note(line)
+        if kind == "weights":
+            report.weights_bytes = size_bytes(match[1], match[2])
+        elif kind == "checkpoint" and not report.weights_bytes:  # "Model loading took" says more, where it is
+            report.weights_bytes = size_bytes(match[1], match[2])
+        elif kind == "kv":
+            report.kv_bytes = size_bytes(match[1], match[2])
+        elif kind == "kv_tokens":
+            report.facts["kv_cache_tokens"] = int(match[1].replace(",", ""))
+        elif kind == "concurrency":
+            report.facts["max_concurrency"] = {
+                "tokens_per_request": int(match[1].replace(",", "")),
+                "times": float(match[2]),
+            }
+
+
+def kv_extent(facts: dict[str, Any], text: str) -> tuple[int, int] | None:
+    return (facts["kv_cache_tokens"], 1) if "kv_cache_tokens" in facts else None
+
+
 VLLM = ServerKind(
     name="vllm",
     title="vLLM",
@@ -88,4 +127,7 @@ VLLM = ServerKind(
     start_flags=start_flags,
     asleep=asleep,
     wake=wake,
+    # its profiler reports ~0.5 GiB non-torch memory (CUDA context) plus an activation peak and CUDA graphs of
+    # ~1 GiB for models of this size
+    memory=Memory(1.5, read_log_line, kv_extent, command_words=("vllm",)),
 )
