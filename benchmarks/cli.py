@@ -18,7 +18,7 @@ from benchmarks.runners import (
     soak,
     team,
 )
-from mellum_proxy.console import Parser
+from mellum_proxy.console import Parser, subcommands
 from mellum_proxy.stopping import run_as_command
 
 COMMANDS = (team, ladder, overhead, budget, first_run, memory, soak, calibration, lanes, fast_model,
@@ -26,11 +26,7 @@ COMMANDS = (team, ladder, overhead, budget, first_run, memory, soak, calibration
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="python -m benchmarks", description="the project's measurements of its own claims")
-    commands = parser.add_subparsers(dest="bench_command", required=True, parser_class=Parser)
-    for module in COMMANDS:
-        module.add_commands(commands)
-    return parser
+    return subcommands("python -m benchmarks", "the project's measurements of its own claims", COMMANDS)
 
 
 def main(argv: list[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -61,6 +61,15 @@ def real(minimum: float = 0.0, maximum: float = math.inf, above: bool = False) -
 POSITIVE = whole(1)
 INDEX = whole(0)  # a device index, a seed
 SHARE = real(0.0, 1.0)
+
+
+def subcommands(prog: str, description: str, modules: Sequence[Any]) -> Parser:
+    """A parser whose commands are added by `modules`, each by its own `add_commands` (`bench`, `benchmarks`)."""
+    parser = Parser(prog=prog, description=description)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for module in modules:
+        module.add_commands(commands)
+    return parser
 
 
 def command(

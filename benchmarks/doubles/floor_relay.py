@@ -8,7 +8,7 @@ they came. Nothing else: no policy, budget, record or dialect.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -20,10 +20,15 @@ HEADERS = {"Content-Type": "application/json"}
 
 
 def floor_relay(upstream: str) -> web.Application:
+    return relay_app(upstream, _relay)
+
+
+def relay_app(upstream: str, relay: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.Application:
+    """`POST /v1/completions` handled by `relay`, with the upstream's URL and a session of its own in the app."""
     app = web.Application()
     app[FLOOR_UPSTREAM] = upstream
     app.cleanup_ctx.append(_session)
-    app.router.add_post("/v1/completions", _relay)
+    app.router.add_post("/v1/completions", relay)
     return app
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from mellum_proxy.console import Parser, fail
+from mellum_proxy.console import Parser, fail, subcommands
 from mellum_proxy.tuning.reporting import replay_report
 from mellum_proxy.tuning.runners import lab, quality, replay, tune
 from mellum_proxy.tuning.workloads import convert, synth
@@ -20,11 +20,7 @@ MOVED = ("team", "ladder", "overhead", "budget", "first-run", "memory", "soak", 
 
 
 def build_parser() -> Parser:
-    bench = Parser(prog="mellum-proxy bench", description="replay keystroke traces through the proxy, compare policies")
-    commands = bench.add_subparsers(dest="bench_command", required=True, parser_class=Parser)
-    for module in COMMANDS:
-        module.add_commands(commands)
-    return bench
+    return subcommands("mellum-proxy bench", "replay keystroke traces through the proxy, compare policies", COMMANDS)
 
 
 def main(argv: list[str]) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from mellum_proxy.errors import UpstreamError, UpstreamProtocolError
 from mellum_proxy.upstream.servers.base import Found, Memory, Overflow, ServerKind, TokenizeShape, Transport
 from mellum_proxy.upstream.servers.openai import CompletionsWire, listed_context, positive, served_model
-from mellum_proxy.upstream.servers.startup_log import StartupLog, size_bytes
+from mellum_proxy.upstream.servers.startup_log import StartupLog, matches, size_bytes
 
 PREFIX = "llamacpp:"
 # `/metrics` names (server-http metrics): what it runs and what waits for a slot; what each decode step carried
@@ -172,10 +172,7 @@ _LOG_LINES = [
 
 def read_log_line(report: StartupLog, line: str) -> None:
     """llama-server's start-up lines: its buffers per device, the KV cache and the context it was sized for."""
-    for pattern, kind in _LOG_LINES:
-        match = pattern.search(line)
-        if not match:
-            continue
+    for kind, match in matches(_LOG_LINES, line):
         report.backend = report.backend or LLAMACPP.name
         if kind == "model_buffer" and "REPACK" not in match[1]:  # a repack buffer is a CPU-side copy
             report.weights_bytes += size_bytes(match[2], match[3])

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +15,13 @@ _UNITS = {"kib": 2**10, "mib": MIB, "gib": GIB, "kb": 1e3, "mb": 1e6, "gb": 1e9,
 def size_bytes(number: str, unit: str) -> int:
     """`12.5`, `MiB` as bytes."""
     return round(float(number) * _UNITS[unit.lower()])
+
+
+def matches(patterns: Sequence[tuple[re.Pattern[str], str]], line: str) -> Iterator[tuple[str, re.Match[str]]]:
+    """(what it says, the match) for each of a kind's `(pattern, what)` that `line` matches."""
+    for pattern, what in patterns:
+        if found := pattern.search(line):
+            yield what, found
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 from mellum_proxy.errors import UpstreamError, UpstreamProtocolError
 from mellum_proxy.upstream.servers.base import Found, Memory, Overflow, ServerKind, TokenizeShape, Transport
 from mellum_proxy.upstream.servers.openai import CompletionsWire, listed_context, served_model
-from mellum_proxy.upstream.servers.startup_log import StartupLog, size_bytes
+from mellum_proxy.upstream.servers.startup_log import StartupLog, matches, size_bytes
 
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 PROMPT_TOKENS, GENERATION_TOKENS = "vllm:prompt_tokens_total", "vllm:generation_tokens_total"
@@ -85,10 +85,7 @@ _LOG_LINES = [
 
 def read_log_line(report: StartupLog, line: str) -> None:
     """vLLM's start-up lines: the weights as loaded, the KV cache's memory and tokens, its concurrency."""
-    for pattern, kind in _LOG_LINES:
-        match = pattern.search(line)
-        if not match:
-            continue
+    for kind, match in matches(_LOG_LINES, line):
         report.backend = VLLM.name
         report.note(line)
         if kind == "weights":
