@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from mellum_proxy.text_checks import has_blank_or_control, has_control, is_header_name, is_server_url
+from mellum_proxy.upstream.embedded import checked_spec
 from mellum_proxy.upstream.servers import kind_names
 from mellum_proxy.urls import redact_url, upstream_base_url
 
@@ -126,8 +127,8 @@ class Settings(BaseSettings):
     embedded_kv_type: Literal["f16", "bf16", "q8_0", "q4_0"] = Field(
         "f16", description="Embedded server's KV cache type (`mellum-proxy fit` measures the choice)."
     )
-    embedded_spec: Literal["none", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache"] = Field(
-        "none", description="Embedded server's self-speculation, drafting from the text (`fit --spec` measures it)."
+    embedded_spec: Annotated[str, AfterValidator(checked_spec)] = Field(
+        "none", description="Embedded server's speculation: an n-gram type, draft-mtp or draft:FILE (`fit --spec`)."
     )
     embedded_cache_reuse: int = Field(0, ge=0, description="Embedded server's KV shifting (--cache-reuse N; 0: off).")
 

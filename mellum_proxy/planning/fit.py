@@ -24,7 +24,7 @@ from mellum_proxy.planning.measure import FitOptions, Measurement, measure
 from mellum_proxy.planning.memory import MemoryWatch
 from mellum_proxy.planning.quality import Quality, from_file, humaneval
 from mellum_proxy.planning.sweep import SweepSpec, overhead_gib
-from mellum_proxy.upstream.embedded import SPEC_TYPES
+from mellum_proxy.upstream.embedded import SPEC_TYPES, checked_spec
 from mellum_proxy.upstream.servers import KINDS, loader_names
 from mellum_proxy.upstream.servers.llamacpp import LLAMACPP
 
@@ -41,12 +41,24 @@ def _names(known: tuple[str, ...] | dict[str, Any], what: str) -> Callable[[str]
     return parse
 
 
+def _specs(text: str) -> tuple[str, ...]:
+    """`--spec`: a comma-separated list of speculations (`checked_spec`)."""
+    try:
+        specs = tuple(checked_spec(part.strip()) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not specs:
+        raise argparse.ArgumentTypeError(f"expected speculation types, got '{text}'")
+    return specs
+
+
 def add_commands(commands: Any) -> None:
     fit = commands.add_parser("fit", help="measure the paper's candidates on the real server; write the defaults")
     server = fit.add_mutually_exclusive_group(required=True)
     server.add_argument("--embedded", action="store_true", help="the embedded llama.cpp (any GGUF through --model)")
-    server.add_argument("--server-cmd", help="the command that starts your server, with {model} {context} {ctx_total} "
-                        "{batch} {kv} {vllm_kv} {port} {spec} {cache_reuse} filled per candidate")  # fmt: skip
+    server.add_argument("--server-cmd", help="the command that starts your server, with {model} {context} "
+                        "{ctx_total} {batch} {kv} {vllm_kv} {port} {spec} {cache_reuse} {spec_flags} filled per "
+                        "candidate")  # fmt: skip
     fit.add_argument("--model", type=Path, action="append", default=[],
                      help="a model file (GGUF) or directory; again for another quantization "
                           "[default with --embedded: the packaged gemma-3-270m]")  # fmt: skip
@@ -79,10 +91,10 @@ def add_commands(commands: Any) -> None:
                      help="then the editor side: your typing (a trace, `serve --record` file or request log), "
                           "replayed by `tune` on the chosen server's profile; again for another")  # fmt: skip
     fit.add_argument("--limit-events", type=POSITIVE, default=1500, help="edits of each --trace [default: 1500]")
-    fit.add_argument("--spec", type=_names(SPEC_TYPES, "speculation types"), default=(),
-                     help="then the speed candidates: self-speculation types to measure on your typing at the "
-                          "chosen context and batch, e.g. none,ngram-simple,ngram-mod (the first --trace, or the "
-                          "shipped one)")  # fmt: skip
+    fit.add_argument("--spec", type=_specs, default=(),
+                     help=f"then the speed candidates: speculation to measure on your typing at the chosen context "
+                          f"and batch ({', '.join(SPEC_TYPES)}, draft:FILE), e.g. none,ngram-simple,ngram-mod (the "
+                          f"first --trace, or the shipped one)")  # fmt: skip
     fit.add_argument("--cache-reuse", type=_ints, default=(),
                      help="and KV shifting to measure (llama.cpp --cache-reuse N), e.g. 0,256")  # fmt: skip
     fit.add_argument("--out", type=Path, required=True, help="where defaults.env, config.toml and fit.* go")

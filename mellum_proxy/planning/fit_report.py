@@ -11,6 +11,7 @@ import orjson
 from mellum_proxy.config import Settings
 from mellum_proxy.planning.choice import Choice
 from mellum_proxy.planning.measure import Measurement
+from mellum_proxy.upstream.embedded import spec_flags
 from mellum_proxy.upstream.servers import KINDS
 
 GIB = 2**30
@@ -65,7 +66,7 @@ def server_flags(choice: Choice) -> list[str]:
     flags = [f"{kind.title}: {kind.start_flags(choice.context, choice.batch, choice.kv_type)}"
              for kind in KINDS if kind.start_flags is not None]  # fmt: skip
     if choice.spec != "none" or choice.cache_reuse:
-        flags.append(f"llama.cpp's speed knobs: --spec-type {choice.spec} --cache-reuse {choice.cache_reuse}")
+        flags.append(f"llama.cpp's speed knobs: {spec_flags(choice.spec)} --cache-reuse {choice.cache_reuse}")
     return [*flags, f"stress profile: context {choice.stress_context}, {choice.stress_batch} at once"]
 
 

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 
 from mellum_proxy.planning.candidates import Candidate
 from mellum_proxy.planning.probe import wait_healthy
+from mellum_proxy.upstream.embedded import spec_flags
 
 LOG_LIMIT = 4 * 2**20  # the start-up log and what follows; a server that talks more keeps its first 4 MiB
 OOM = re.compile(r"(?i)out of memory|failed to allocate|cannot allocate|CUDA error: out|OutOfMemory|\bOOM\b")
-PLACEHOLDERS = ("model", "context", "ctx_total", "batch", "kv", "vllm_kv", "port", "spec", "cache_reuse")
+PLACEHOLDERS = ("model", "context", "ctx_total", "batch", "kv", "vllm_kv", "port", "spec", "cache_reuse", "spec_flags")
 
 
 class LoadFailed(Exception):
@@ -80,8 +81,9 @@ def command_for(candidate: Candidate, server_cmd: str | None, port: int, threads
               "ctx_total": candidate.context * candidate.batch, "kv": candidate.kv_type, "port": port,
               "vllm_kv": "auto" if candidate.kv_type in ("f16", "bf16") else candidate.kv_type, "spec": spec,
               "cache_reuse": cache_reuse}  # fmt: skip
-    try:
-        return [word.format(**values) for word in shlex.split(server_cmd)]
+    try:  # `{spec_flags}`, a word of its own, is llama-server's flags for the speculation (a draft model's too)
+        words = [spec_flags(spec).split() if word == "{spec_flags}" else [word] for word in shlex.split(server_cmd)]
+        return [word.format(**values) for group in words for word in group]
     except (KeyError, IndexError, ValueError) as exc:
         raise ValueError(f"--server-cmd: {exc} is not a placeholder fit fills ({', '.join(PLACEHOLDERS)})") from None
 
@@ -135,6 +137,9 @@ async def _healthy(running: Running, timeout_s: float) -> None:
     raise LoadFailed(*why_it_failed(running.log, running.process.returncode), running.log)
 
 
+GENERIC = re.compile(r"exiting due to model loading error|cleaning up before exit")
+
+
 def why_it_failed(log: str, returncode: int) -> tuple[str, str]:
     """The failure's kind and the line that says it best: an allocation that failed, else the last error line."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
@@ -142,5 +147,6 @@ def why_it_failed(log: str, returncode: int) -> tuple[str, str]:
     if oom:
         return "load_oom", oom[0][:240]
     errors = [line for line in lines if re.search(r"(?i)\berror\b| E ", line)]
-    last = (errors or lines or [f"exited with status {returncode}, saying nothing"])[-1]
+    said = [line for line in errors if not GENERIC.search(line)]  # llama.cpp's trailer after the real reason
+    last = (said or errors or lines or [f"exited with status {returncode}, saying nothing"])[-1]
     return "load_failed", last[:240]

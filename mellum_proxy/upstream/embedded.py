@@ -83,7 +83,7 @@ class EmbeddedServer:
         self.verbosity = verbosity
         self.kv_type = kv_type
         self.sleep_idle_s = sleep_idle_s
-        self.spec = spec  # llama.cpp's self-speculation (`SPEC_TYPES`): drafts from the text, no draft model
+        self.spec = spec  # llama.cpp's speculation (`SPEC_TYPES`, or `draft:FILE`: a draft model of that file)
         self.cache_reuse = cache_reuse  # llama.cpp's `--cache-reuse N`: KV shifting of reused prompt chunks
         self._server: Any = None
         self._slot_folder: str | None = None  # where it saves its slots' prompt caches (with a sleep)
@@ -118,7 +118,11 @@ class EmbeddedServer:
             params.sleep_idle_seconds = self.sleep_idle_s
             self._slot_folder = tempfile.mkdtemp(prefix="mellum-slots-")  # 0700: only this user reads it
             params.slot_save_path = self._slot_folder + os.sep  # llama.cpp joins it to the file name as it is
-        params.speculative.types = [_spec_type(xllamacpp, self.spec)]
+        if self.spec.startswith(DRAFT):  # a smaller model of the same vocabulary drafts (llama-server -md FILE)
+            params.speculative.types = [_spec_type(xllamacpp, "draft-simple")]
+            params.speculative.draft.mparams.path = self.spec.removeprefix(DRAFT)
+        else:
+            params.speculative.types = [_spec_type(xllamacpp, self.spec)]
         params.n_cache_reuse = self.cache_reuse
         if hasattr(params, "fit_params"):
             params.fit_params = False
@@ -161,9 +165,33 @@ def _wait_for_the_task_loop(url: str) -> None:
             time.sleep(0.05)
 
 
-# The self-speculation types (llama.cpp's `--spec-type`, `common_speculative_type`): each drafts from the text already
-# there, so no draft model is needed.
-SPEC_TYPES = ("none", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
+# llama.cpp's speculation (`--spec-type`, `common_speculative_type`): the n-gram types draft from the text already
+# there, with no draft model; `draft-mtp` drafts with the model's own multi-token-prediction head (a GGUF without one
+# does not start); `draft:FILE` (not a type of its own) drafts with a smaller model of the same vocabulary.
+SPEC_TYPES = ("none", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache", "draft-mtp")
+DRAFT = "draft:"
+
+
+def checked_spec(text: str) -> str:
+    """A speculation as the settings and `fit --spec` take it: one of `SPEC_TYPES`, or `draft:FILE` (a GGUF file).
+
+    Raises:
+        ValueError: neither, or a draft model that is not a file.
+    """
+    if text.startswith(DRAFT):
+        if not Path(text.removeprefix(DRAFT)).expanduser().is_file():
+            raise ValueError(f"the draft model {text.removeprefix(DRAFT)} is not a file")
+        return DRAFT + str(Path(text.removeprefix(DRAFT)).expanduser())
+    if text not in SPEC_TYPES:
+        raise ValueError(f"speculation '{text}' is none of {', '.join(SPEC_TYPES)} or draft:FILE")
+    return text
+
+
+def spec_flags(spec: str) -> str:
+    """llama-server's flags for `spec`."""
+    if spec.startswith(DRAFT):
+        return f"--spec-type draft-simple --model-draft {spec.removeprefix(DRAFT)}"
+    return f"--spec-type {spec}"
 
 
 def _spec_type(xllamacpp: Any, name: str) -> Any:

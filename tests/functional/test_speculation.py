@@ -46,3 +46,25 @@ async def test_without_speculation_a_record_says_nothing_drafted(make_proxy: Pro
     assert resp.status == 200
     record = proxy.app[RECORDS].last()
     assert record.draft_n is None and record.draft_n_accepted is None
+
+
+async def test_a_draft_model_drafts_for_the_served_one(make_proxy: ProxyFactory) -> None:
+    """`embedded_spec = "draft:FILE"`: a second GGUF of the same vocabulary drafts (here the packaged model for
+    itself, so nearly every draft is accepted); the records carry what the server's timings say."""
+    from mellum_proxy.upstream.embedded import packaged_model
+
+    proxy = await make_proxy(embedded=True, embedded_spec=f"draft:{packaged_model()}", embedded_ctx_tokens=1024,
+                             embedded_slots=1, timeout_ms=0, reuse=False)  # fmt: skip
+    resp = await proxy.post("/v1/completions", json={"prompt": REPETITIVE, "max_tokens": 24, "temperature": 0})
+    assert resp.status == 200
+    record = proxy.app[RECORDS].last()
+    assert record.draft_n and record.draft_n_accepted is not None and record.draft_n_accepted > record.draft_n / 2
+
+
+def test_a_model_without_a_multi_token_head_does_not_start_with_draft_mtp() -> None:
+    from mellum_proxy.upstream.embedded import EmbeddedServer
+
+    server = EmbeddedServer(ctx_tokens=256, slots=1, spec="draft-mtp")
+    with pytest.raises(RuntimeError):  # llama.cpp: "failed to create MTP context"
+        server.start()
+    server.stop()

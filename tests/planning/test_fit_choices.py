@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pydantic
 import pytest
 
 from mellum_proxy.cli import main
+from mellum_proxy.config import Settings
 from mellum_proxy.planning import speed
 from mellum_proxy.planning.candidates import Candidate, choose_candidates
 from mellum_proxy.planning.choice import choose, quality_floor
@@ -101,6 +103,8 @@ def test_a_server_command_gets_the_candidates_knobs() -> None:
     speed = command_for(candidate, "llama-server -m {model} --spec-type {spec} --cache-reuse {cache_reuse}", 9, 1,
                         "ngram-mod", 256)  # fmt: skip
     assert speed[3:] == ["--spec-type", "ngram-mod", "--cache-reuse", "256"]
+    draft = command_for(candidate, "llama-server -m {model} {spec_flags}", 9, 1, "draft:/models/small.gguf")
+    assert draft[3:] == ["--spec-type", "draft-simple", "--model-draft", "/models/small.gguf"]
 
 
 def test_speed_candidates_change_one_knob_and_claim_one_only_beyond_the_spread(tmp_path: Path) -> None:
@@ -135,6 +139,9 @@ def test_the_line_that_says_why_a_load_failed_is_quoted() -> None:
     assert why_it_failed(log, 1) == ("load_oom", "E ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate "
                                                  "buffer of size 1")  # fmt: skip
     assert why_it_failed("Traceback\nValueError: bad flag\n", 1) == ("load_failed", "ValueError: bad flag")
+    reason = "0.00.70 E srv load_model: failed to create MTP context"
+    mtp = f"{reason}\n0.00.71 E srv init: exiting due to model loading error\n"
+    assert why_it_failed(mtp, 1) == ("load_failed", reason)  # the reason, not llama.cpp's trailer after it
 
 
 @pytest.mark.parametrize(
@@ -152,3 +159,18 @@ def test_bad_input_is_one_line_exit_2(argv: list[str], capsys: pytest.CaptureFix
         main(argv)
     assert info.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_speculation_is_a_known_type_or_a_draft_model_file(tmp_path: Path) -> None:
+    from mellum_proxy.upstream.embedded import checked_spec, spec_flags
+
+    draft = tmp_path / "draft.gguf"
+    draft.write_bytes(b"GGUF")
+    assert checked_spec("ngram-mod") == "ngram-mod" and checked_spec("draft-mtp") == "draft-mtp"
+    assert checked_spec(f"draft:{draft}") == f"draft:{draft}"
+    assert spec_flags(f"draft:{draft}") == f"--spec-type draft-simple --model-draft {draft}"
+    for bad in ("ngram", f"draft:{tmp_path / 'missing.gguf'}"):
+        with pytest.raises(ValueError):
+            checked_spec(bad)
+    with pytest.raises(pydantic.ValidationError, match="draft model"):
+        Settings(embedded_spec=f"draft:{tmp_path / 'missing.gguf'}")

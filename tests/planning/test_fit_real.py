@@ -133,3 +133,14 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_speculation_the_model_cannot_do_is_a_failure_in_one_line_with_its_reason() -> None:
+    """`fit --spec draft-mtp` on a GGUF without a multi-token-prediction head: the server does not start, and the run
+    says llama.cpp's reason, not the trailer it prints after it."""
+    cell = Cell("Q4_K_M", 512, 1, 0, 0, 0, 0, 0.0, "OK")
+    candidate = Candidate(packaged_model(), "Q4_K_M", 512, 1, "f16", cell, "test")
+    _, events = speed.read_events([], 5)
+    runs = asyncio.run(speed.measure(candidate, FitOptions(quality=None, idle_s=0), [("draft-mtp", 0, 1)], events,
+                                     8, 3000, lambda line: None))  # fmt: skip
+    assert not runs[0].ok and runs[0].failure is not None and "MTP" in runs[0].failure, runs[0].failure
