@@ -31,7 +31,7 @@ from mellum_proxy.budget.tokenizers import Tokenize, upstream_counter
 from mellum_proxy.clock import LOOP_CLOCK, Clock
 from mellum_proxy.discovery import Discovery
 from mellum_proxy.errors import UpstreamError
-from mellum_proxy.policies import AdmissionQueue, Debouncer, Dispatch, Supersede
+from mellum_proxy.policies import AdmissionQueue, Debouncer, Dispatch, Guard, Supersede
 from mellum_proxy.sections import BudgetSection, PolicySection, Sections, UpstreamSection
 from mellum_proxy.serving import CompletionService, Policies
 from mellum_proxy.serving.reuse import ReuseCache
@@ -45,7 +45,9 @@ from mellum_proxy.upstream.servers import discover
 log = logging.getLogger("mellum_proxy")
 
 
-def build_policies(section: PolicySection, slots: int | None = None, clock: Clock = LOOP_CLOCK) -> Policies:
+def build_policies(
+    section: PolicySection, slots: int | None = None, clock: Clock = LOOP_CLOCK, guards: tuple[Guard, ...] = ()
+) -> Policies:
     """The policies; `max_concurrency = 0` takes the upstream's `slots` (1 while unknown)."""
     limit = section.max_concurrency
     if limit == 0:
@@ -62,13 +64,13 @@ def build_policies(section: PolicySection, slots: int | None = None, clock: Cloc
         admission=AdmissionQueue(limit, section.max_queue, section.completion_reserve, section.max_bulk_queue),
         ttft_timeout_s=section.ttft_timeout_s,
         timeout_s=section.timeout_s,
-        complete_in_comments=section.complete_in_comments,
         postprocess=section.postprocess,
         clock=clock,
         dispatch=dispatch,
         reuse=ReuseCache() if section.reuse else None,
         keep_prefill=section.keep_prefill,
         bulk_wait_s=section.bulk_wait_s,
+        guards=guards,
     )
 
 
@@ -127,7 +129,7 @@ def build_service(
 ) -> CompletionService:
     """The completion service over `source` with the policies and the budget the sections say: what a proxy
     runs (`build_core`), and what the policy lab runs on its simulated server."""
-    policies = build_policies(sections.policies, slots, telemetry.clock)
+    policies = build_policies(sections.policies, slots, telemetry.clock, sections.guards)
     budget = ContextBudget(BudgetSettings.of(sections.budget), counter)
     return CompletionService(source, policies, budget, telemetry)
 

@@ -23,6 +23,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from mellum_proxy.policies import PolicySettings
 from mellum_proxy.text_checks import has_blank_or_control, has_control, is_header_name, is_server_url
 from mellum_proxy.upstream.embedded import checked_spec
 from mellum_proxy.upstream.servers import kind_names
@@ -72,8 +73,9 @@ def default_log_path() -> Path:
     return state_dir() / "requests.jsonl"
 
 
-class Settings(BaseSettings):
-    """Everything `mellum-proxy serve` can be told. Units are in the names."""
+class Settings(PolicySettings, BaseSettings):
+    """Everything `mellum-proxy serve` can be told. Units are in the names. The guards' settings are declared
+    beside each guard (`mellum_proxy.policies`) and inherited."""
 
     model_config = SettingsConfigDict(env_prefix="MELLUM_PROXY_", extra="forbid", frozen=True)
 
@@ -194,7 +196,6 @@ class Settings(BaseSettings):
         "mellum",
         description="mellum|starcoder|codellama|deepseek|qwen|codestral|glm|prefix|none|custom (default: checked).",
     )
-    complete_in_comments: bool = Field(True, description="Complete when the cursor is in a comment/string.")
     postprocess: bool = Field(
         True, description="Clean completions while they stream (suffix repeats, repeated lines, FIM markers, ...)."
     )

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from mellum_proxy.budget.templates import FimTemplate, template_for
 from mellum_proxy.config import Settings
+from mellum_proxy.policies.registry import Guard, build_guards
 
 T = TypeVar("T")
 
@@ -123,7 +124,6 @@ class PolicySection:
     max_queue: int
     ttft_timeout_s: float | None = field(metadata=source("ttft_timeout_ms", _seconds_or_none))
     timeout_s: float | None = field(metadata=source("timeout_ms", _seconds_or_none))
-    complete_in_comments: bool
     postprocess: bool
     completion_reserve: int
     max_bulk_queue: int
@@ -177,6 +177,7 @@ class Sections:
     budget: BudgetSection
     telemetry: TelemetrySection
     discovery: DiscoverySection
+    guards: tuple[Guard, ...] = ()  # the registered guards the settings turn on (`mellum_proxy.policies.registry`)
 
 
 def sections(settings: Settings) -> Sections:
@@ -189,4 +190,5 @@ def sections(settings: Settings) -> Sections:
         discovery=_build(DiscoverySection, settings),
         budget=_build(BudgetSection, settings),
         telemetry=_build(TelemetrySection, settings),
+        guards=build_guards(settings),
     )

@@ -179,6 +179,8 @@ def test_every_section_field_reads_a_setting_that_exists() -> None:
 
     settings = Settings()
     for section, cls in get_type_hints(Sections).items():
+        if section == "guards":  # built objects, not a section of settings
+            continue
         for spec in fields(cls):
             if "derive" not in spec.metadata:
                 assert hasattr(settings, spec.metadata.get("setting") or spec.name), (section, spec.name)

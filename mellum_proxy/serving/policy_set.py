@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from mellum_proxy.clock import LOOP_CLOCK, Clock
 from mellum_proxy.models import Outcome
-from mellum_proxy.policies import AdmissionQueue, Deadline, Debouncer, Dispatch, Supersede
+from mellum_proxy.policies import AdmissionQueue, Deadline, Debouncer, Dispatch, Guard, Supersede
 from mellum_proxy.policies.supersede import Ticket
 from mellum_proxy.serving.reuse import ReuseCache
 
@@ -25,13 +25,13 @@ class Policies:
     admission: AdmissionQueue
     ttft_timeout_s: float | None = None  # None: no deadline
     timeout_s: float | None = None
-    complete_in_comments: bool = True
     postprocess: bool = False  # clean completions while they stream (`mellum_proxy.shaping.cleanup`)
     clock: Clock = field(default=LOOP_CLOCK)
     dispatch: Dispatch | None = None  # None: the debouncer's fixed window
     reuse: ReuseCache | None = None
     keep_prefill: bool = False
     bulk_wait_s: float | None = None  # the longest a bulk request (chat, agents) waits for a slot; None: no limit
+    guards: tuple[Guard, ...] = ()  # asked in turn after the hold, before admission (`policies.registry`)
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """`CompletionService`: one completion from a normalized request to its `Answer`, with its record.
 
-The steps, in order: typed-through reuse -> dispatch hold -> comment/string skip -> supersede
+The steps, in order: typed-through reuse -> dispatch hold -> the guards (the comment/string skip) -> supersede
 (per-session admission) -> deadline -> context budget -> global admission queue -> upstream stream
 -> answer. Telemetry observes; the record is closed in `finally`. A request that a policy drops is
 answered with an empty (or partial) completion and its outcome, never with an error. This module
@@ -20,7 +20,7 @@ import logging
 
 import anyio
 
-from mellum_proxy.budget import ContextBudget, cursor_in_comment_or_string
+from mellum_proxy.budget import ContextBudget
 from mellum_proxy.errors import ProxyError
 from mellum_proxy.models import Answer, BudgetedPrompt, Completion, NormalizedRequest, Outcome
 from mellum_proxy.observe import Changes
@@ -164,10 +164,9 @@ class CompletionService:
                     return outcome
         if not await self._hold(request, record, order):
             return Outcome.DEBOUNCED
-        if not policies.complete_in_comments and request.suffix is not None:
-            inside = cursor_in_comment_or_string(request.prefix, request.suffix, request.file_path, request.language)
-            if inside:
-                return Outcome.SKIPPED
+        for guard in policies.guards:
+            if (stopped := guard.stops(request)) is not None:
+                return stopped
         with admitted(policies, request.session, order) as entry:
             prompt = await self.budget.apply(request)
             record.fitted(prompt)

@@ -81,7 +81,7 @@ def diagnose(records: list[dict[str, Any]], probe: tuple[float | None, float | N
             "knob": "the server's idle limit (llama.cpp --sleep-idle-seconds, Ollama keep_alive: the proxy's "
             "--keep-alive, vLLM's sleep mode), or a timeout_ms that covers its load",
             "evidence": [*evidence, f"{woken} of the {failures} failed or timed-out requests waited for a wake"],
-        }  # fmt: skip
+        }
     decoding = sum(r.get("outcome") == "timeout" and r.get("ttft_ms") is not None for r in reached)
     if decoding >= MIN_FAILURES and decoding * 2 >= failures:  # the first token came in time, the rest did not
         drafted = sum(r.get("draft_n") or 0 for r in reached)

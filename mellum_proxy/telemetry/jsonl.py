@@ -145,8 +145,7 @@ class JsonlLog:
             return
         self.errors += 1
         self._rotate_at = self._size + self.max_bytes
-        log.warning("request log %s cannot be rotated: %s; it goes on growing", self.path,
-                    failure.strerror or failure)  # fmt: skip
+        log.warning("request log %s cannot be rotated: %s; it goes on growing", self.path, failure.strerror or failure)
         self.rotate_error = str(failure.strerror or failure)
 
     async def _notify(self) -> None:

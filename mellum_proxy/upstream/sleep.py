@@ -153,8 +153,7 @@ class Sleep:
             slots = await save(client)
         except UpstreamError as error:
             if not _refused(error):  # a timeout, a restart, a 503: the next quiet asks again
-                log.debug("upstream %s: its prompt caches were not saved this time (%s)", client.shown_url,
-                          error.shown)  # fmt: skip
+                log.debug("upstream %s: its prompt caches were not saved this time (%s)", client.shown_url, error.shown)
                 return
             self.saves = False  # asked once: a server without a place to save says so every time
             log.info("upstream %s does not save its prompt caches across a sleep (%s): each wake computes the "
