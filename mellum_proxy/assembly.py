@@ -31,7 +31,7 @@ from mellum_proxy.budget.tokenizers import Tokenize, upstream_counter
 from mellum_proxy.clock import LOOP_CLOCK, Clock
 from mellum_proxy.discovery import Discovery
 from mellum_proxy.errors import UpstreamError
-from mellum_proxy.policies import AdmissionQueue, Debouncer, Dispatch, Guard, Supersede
+from mellum_proxy.policies import AdmissionQueue, Debouncer, Guard, HoldRule, Supersede
 from mellum_proxy.sections import BudgetSection, PolicySection, Sections, UpstreamSection
 from mellum_proxy.serving import CompletionService, Policies
 from mellum_proxy.serving.reuse import ReuseCache
@@ -46,7 +46,11 @@ log = logging.getLogger("mellum_proxy")
 
 
 def build_policies(
-    section: PolicySection, slots: int | None = None, clock: Clock = LOOP_CLOCK, guards: tuple[Guard, ...] = ()
+    section: PolicySection,
+    slots: int | None = None,
+    clock: Clock = LOOP_CLOCK,
+    guards: tuple[Guard, ...] = (),
+    hold: Callable[[Clock], HoldRule] | None = None,
 ) -> Policies:
     """The policies; `max_concurrency = 0` takes the upstream's `slots` (1 while unknown)."""
     limit = section.max_concurrency
@@ -54,19 +58,15 @@ def build_policies(
         limit = slots or 1
         why = f"the upstream's {slots} slots" if slots else "1 until the upstream says how many slots it has"
         log.debug("max_concurrency: %s", why)
-    fixed = section.dispatch == "fixed"
-    adaptive = Dispatch(section.hold_idle_max_s, section.hold_busy_max_s, section.hold_gap_factor, clock,
-                        section.hold_min_s)  # fmt: skip
-    dispatch = None if fixed else adaptive
     return Policies(
-        debouncer=Debouncer(section.debounce_s if fixed else 0.0, clock),
+        debouncer=Debouncer(0.0, clock),  # it holds as long as the rule says
         supersede=Supersede(section.max_inflight),
         admission=AdmissionQueue(limit, section.max_queue, section.completion_reserve, section.max_bulk_queue),
         ttft_timeout_s=section.ttft_timeout_s,
         timeout_s=section.timeout_s,
         postprocess=section.postprocess,
         clock=clock,
-        dispatch=dispatch,
+        hold=hold(clock) if hold is not None else None,
         reuse=ReuseCache() if section.reuse else None,
         keep_prefill=section.keep_prefill,
         bulk_wait_s=section.bulk_wait_s,
@@ -129,7 +129,7 @@ def build_service(
 ) -> CompletionService:
     """The completion service over `source` with the policies and the budget the sections say: what a proxy
     runs (`build_core`), and what the policy lab runs on its simulated server."""
-    policies = build_policies(sections.policies, slots, telemetry.clock, sections.guards)
+    policies = build_policies(sections.policies, slots, telemetry.clock, sections.guards, sections.hold)
     budget = ContextBudget(BudgetSettings.of(sections.budget), counter)
     return CompletionService(source, policies, budget, telemetry)
 

@@ -23,7 +23,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from mellum_proxy.policies import PolicySettings
+from mellum_proxy.policies import PolicySettings, chosen_hold, hold_named, hold_names
 from mellum_proxy.text_checks import has_blank_or_control, has_control, is_header_name, is_server_url
 from mellum_proxy.upstream.embedded import checked_spec
 from mellum_proxy.upstream.servers import kind_names
@@ -149,18 +149,9 @@ class Settings(PolicySettings, BaseSettings):
     )
 
     # --- completion policies -----------------------------------------------------------------
-    dispatch: Literal["adaptive", "fixed"] = Field(
-        "adaptive", description="How long a request is held: from typing rhythm and server load, or debounce_ms."
+    dispatch: Annotated[str, AfterValidator(lambda name: hold_named(name).name)] = Field(
+        "adaptive", description=f"How long a request is held (the rule: {', '.join(hold_names())})."
     )
-    debounce_ms: int = Field(
-        150, ge=0, description="dispatch=fixed: hold each request this long (setting it alone selects fixed)."
-    )
-    hold_idle_max_ms: int = Field(0, ge=0, description="adaptive: longest hold while the upstream is idle.")
-    hold_busy_max_ms: int = Field(0, ge=0, description="adaptive: longest hold while the upstream is busy.")
-    hold_min_ms: int = Field(
-        2, ge=0, description="adaptive: a session whose edits arrive this close together is held this long."
-    )
-    hold_gap_factor: float = Field(1.0, ge=0, le=10, description="adaptive: hold = this x the median typing gap.")
     reuse: bool = Field(True, description="Answer typed-through keystrokes from the previous completion.")
     keep_prefill: bool = Field(
         False, description="A request past its first-token deadline may finish its prefill while no one waits."
@@ -346,10 +337,8 @@ class Settings(PolicySettings, BaseSettings):
 
     @property
     def dispatch_rule(self) -> str:
-        """`dispatch`, except that setting `debounce_ms` without `dispatch` asks for the fixed hold."""
-        if "debounce_ms" in self.model_fields_set and "dispatch" not in self.model_fields_set:
-            return "fixed"
-        return self.dispatch
+        """`dispatch`, except that a setting that chooses a rule (`debounce_ms`: fixed) given without it does."""
+        return chosen_hold(self.dispatch, self.model_fields_set)
 
     def shown(self) -> dict[str, Any]:
         """The settings as `/status` shows them: no secret, no credential in a URL."""

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from mellum_proxy.budget.templates import FimTemplate, template_for
+from mellum_proxy.clock import Clock
 from mellum_proxy.config import Settings
+from mellum_proxy.policies.holds import HoldRule, hold_named
 from mellum_proxy.policies.registry import Guard, build_guards
 
 T = TypeVar("T")
@@ -110,13 +113,7 @@ class EmbeddedSection:
 
 @dataclass(frozen=True, slots=True)
 class PolicySection:
-    # "adaptive" or "fixed" (resolved: `debounce_ms` alone asks for the fixed hold)
-    dispatch: str = field(metadata=source("dispatch_rule"))
-    debounce_s: float = field(metadata=source("debounce_ms", _seconds))
-    hold_idle_max_s: float = field(metadata=source("hold_idle_max_ms", _seconds))
-    hold_busy_max_s: float = field(metadata=source("hold_busy_max_ms", _seconds))
-    hold_min_s: float = field(metadata=source("hold_min_ms", _seconds))
-    hold_gap_factor: float
+    dispatch: str = field(metadata=source("dispatch_rule"))  # the hold rule in force (`debounce_ms` alone: fixed)
     reuse: bool
     keep_prefill: bool
     max_inflight: int
@@ -178,6 +175,7 @@ class Sections:
     telemetry: TelemetrySection
     discovery: DiscoverySection
     guards: tuple[Guard, ...] = ()  # the registered guards the settings turn on (`mellum_proxy.policies.registry`)
+    hold: Callable[[Clock], HoldRule] | None = None  # the hold rule in force, built on a clock (`policies.holds`)
 
 
 def sections(settings: Settings) -> Sections:
@@ -191,4 +189,5 @@ def sections(settings: Settings) -> Sections:
         budget=_build(BudgetSection, settings),
         telemetry=_build(TelemetrySection, settings),
         guards=build_guards(settings),
+        hold=partial(hold_named(settings.dispatch_rule).build, settings),
     )

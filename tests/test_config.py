@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from mellum_proxy.clock import LOOP_CLOCK
 from mellum_proxy.config import Settings
+from mellum_proxy.models import NormalizedRequest
 from mellum_proxy.settings_file import SettingsError, load_settings
 from mellum_proxy.text_checks import unknown_environment
 
@@ -179,12 +181,14 @@ def test_every_section_field_reads_a_setting_that_exists() -> None:
 
     settings = Settings()
     for section, cls in get_type_hints(Sections).items():
-        if section == "guards":  # built objects, not a section of settings
+        if section in ("guards", "hold"):  # built objects, not sections of settings
             continue
         for spec in fields(cls):
             if "derive" not in spec.metadata:
                 assert hasattr(settings, spec.metadata.get("setting") or spec.name), (section, spec.name)
     tree = sections(Settings(debounce_ms=100, routing_key="session", log_max_mb=2, upstream_pid=0))
-    assert (tree.policies.dispatch, tree.policies.debounce_s) == ("fixed", 0.1)  # debounce_ms alone: the fixed hold
+    assert tree.policies.dispatch == "fixed" and tree.hold is not None  # debounce_ms alone: the fixed hold
+    request = NormalizedRequest(id="r", route="openai", session="s", prefix="")
+    assert tree.hold(LOOP_CLOCK).hold_for(request, True) == 0.1
     assert tree.upstream.route_sessions and tree.upstream.routing_header == "X-Session-Id"
     assert (tree.telemetry.log_max_bytes, tree.telemetry.upstream_pid) == (2 * 1024 * 1024, None)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
 
 from mellum_proxy.clock import LOOP_CLOCK, Clock
+from mellum_proxy.models import NormalizedRequest
 from mellum_proxy.observe import Changes
+from mellum_proxy.policies.holds import HoldKind
 
 
 class Debouncer:
@@ -57,3 +62,27 @@ class Debouncer:
 def _resolve(future: asyncio.Future[bool], value: bool) -> None:
     if not future.done():
         future.set_result(value)
+
+
+class FixedSettings(BaseModel):
+    debounce_ms: int = Field(
+        150, ge=0, description="dispatch=fixed: hold each request this long (setting it alone selects fixed)."
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FixedHold:
+    """`dispatch = fixed`: every request held `window_s`, whatever the load."""
+
+    window_s: float
+    reads_load: bool = False
+
+    def hold_for(self, request: NormalizedRequest, busy: bool) -> float:
+        return self.window_s
+
+
+def _fixed(settings: FixedSettings, clock: Clock) -> FixedHold:
+    return FixedHold(settings.debounce_ms / 1000)
+
+
+FIXED = HoldKind("fixed", _fixed, chosen_by=("debounce_ms",))

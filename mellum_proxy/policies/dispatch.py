@@ -27,8 +27,11 @@ import statistics
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, Field
+
 from mellum_proxy.clock import LOOP_CLOCK, Clock
 from mellum_proxy.models import NormalizedRequest
+from mellum_proxy.policies.holds import HoldKind
 
 RHYTHM_CAP_S = 1.0
 RHYTHM_GAPS = 8
@@ -37,7 +40,9 @@ MAX_SESSIONS = 1024
 
 @dataclass(eq=False)
 class Dispatch:
-    """The adaptive rule; the fixed one is the `Debouncer`'s own window (`Policies.dispatch` is None)."""
+    """`dispatch = adaptive`: the hold from the session's typing rhythm and the upstream's load."""
+
+    reads_load = True  # (not a field)
 
     hold_idle_max_s: float = 0.0
     hold_busy_max_s: float = 0.0
@@ -77,3 +82,20 @@ class Dispatch:
         if len(self._rhythm) > MAX_SESSIONS:
             self._rhythm.popitem(last=False)
         return gaps
+
+
+class AdaptiveSettings(BaseModel):
+    hold_idle_max_ms: int = Field(0, ge=0, description="adaptive: longest hold while the upstream is idle.")
+    hold_busy_max_ms: int = Field(0, ge=0, description="adaptive: longest hold while the upstream is busy.")
+    hold_min_ms: int = Field(
+        2, ge=0, description="adaptive: a session whose edits arrive this close together is held this long."
+    )
+    hold_gap_factor: float = Field(1.0, ge=0, le=10, description="adaptive: hold = this x the median typing gap.")
+
+
+def _adaptive(settings: AdaptiveSettings, clock: Clock) -> Dispatch:
+    return Dispatch(settings.hold_idle_max_ms / 1000, settings.hold_busy_max_ms / 1000, settings.hold_gap_factor,
+                    clock, settings.hold_min_ms / 1000)  # fmt: skip
+
+
+ADAPTIVE = HoldKind("adaptive", _adaptive)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from mellum_proxy.clock import LOOP_CLOCK, Clock
 from mellum_proxy.models import Outcome
-from mellum_proxy.policies import AdmissionQueue, Deadline, Debouncer, Dispatch, Guard, Supersede
+from mellum_proxy.policies import AdmissionQueue, Deadline, Debouncer, Guard, HoldRule, Supersede
 from mellum_proxy.policies.supersede import Ticket
 from mellum_proxy.serving.reuse import ReuseCache
 
@@ -27,7 +27,7 @@ class Policies:
     timeout_s: float | None = None
     postprocess: bool = False  # clean completions while they stream (`mellum_proxy.shaping.cleanup`)
     clock: Clock = field(default=LOOP_CLOCK)
-    dispatch: Dispatch | None = None  # None: the debouncer's fixed window
+    hold: HoldRule | None = None  # the hold rule in force (`policies.holds`); None: the debouncer's own window
     reuse: ReuseCache | None = None
     keep_prefill: bool = False
     bulk_wait_s: float | None = None  # the longest a bulk request (chat, agents) waits for a slot; None: no limit

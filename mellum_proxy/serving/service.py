@@ -233,14 +233,16 @@ class CompletionService:
             self.flights.start(warm, cold, Completion(id=warm.id), lease)  # ends on its own: it asks no token
 
     async def _hold(self, request: NormalizedRequest, record: RequestRecord, order: int) -> bool:
-        """The dispatch hold; False when a newer request of the session replaced this one meanwhile."""
+        """The hold the rule in force says; False when a newer request of the session replaced this one meanwhile."""
         policies = self.policies
-        dispatch = policies.dispatch
-        if dispatch is None:
+        rule = policies.hold
+        if rule is None:
             window = policies.debouncer.window_s
         else:
-            busy = not policies.admission.has_free_slot() or policies.supersede.admitted(request.session) > 0
-            window = dispatch.hold_for(request, busy)
+            busy = rule.reads_load and (
+                not policies.admission.has_free_slot() or policies.supersede.admitted(request.session) > 0
+            )
+            window = rule.hold_for(request, busy)
         if window <= 0:  # nothing is held, and the clock (a system call on some machines) is not read
             go_on = await policies.debouncer.hold(request.session, 0, order)
             record.held(0.0)

@@ -88,7 +88,7 @@ async def _run(
         AdmissionQueue(max_concurrency, max_queue),
         timeout_s=timeout_ms / 1000 or None,
         ttft_timeout_s=timeout_ms // 2 / 1000 or None,
-        dispatch=dispatch,
+        hold=dispatch,
         reuse=ReuseCache() if reuse else None,
         keep_prefill=keep_prefill,
     )
