@@ -22,8 +22,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS)
 
 # The edit-run loop: everything but the tests against the real llama.cpp server and the slow ones (markers), on
-# four workers (pytest-xdist), the tests mostly waiting on sockets: 1,223 tests in 68-77 s on this 2-core machine
-# idle (2026-12-08; two workers 87 s).
+# four workers (pytest-xdist), the tests mostly waiting on sockets: 1,217 tests in 47-48 s on this 2-core machine
+# idle (2026-12-08).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not embedded and not slow and not vllm" -q -n 4 $(PYTEST_ARGS)
 

@@ -26,6 +26,7 @@ def test_capacity_finds_how_many_developers_a_slow_server_carries() -> None:
     assert tried == sorted(tried) and tried[0] == 1
 
 
+@pytest.mark.slow  # seconds of real time
 def test_capacity_with_chat_beside_the_typing_keeps_the_completions_lane() -> None:
     """Half the developers also chat, one long answer after another, on the same server: through the proxy the
     chats wait in its bulk lane and the typing keeps its reserve; direct, they hold the slots completions need."""

@@ -128,6 +128,7 @@ def test_a_relay_process_that_does_not_start_is_one_line_and_exit_2(
     assert "did not start" in err[0] and "exited with 1" in err[0]
 
 
+@pytest.mark.slow  # seconds of real time
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_or_sighup_stop_the_bench_and_everything_it_started(tmp_path: Path, signum: int) -> None:
     """A `timeout` or a closed terminal mid-run: its relays, page reader and nginx (where installed) stopped, their

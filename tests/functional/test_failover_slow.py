@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from mellum_proxy.config import Settings
 from mellum_proxy.errors import UpstreamTimeoutError
 from mellum_proxy.http import RECORDS, UPSTREAMS
@@ -17,6 +19,7 @@ from tests.conftest import ProxyFactory
 BODY = {"prompt": "def f(", "suffix": ")"}
 
 
+@pytest.mark.slow  # seconds of real time
 async def test_a_slow_primary_that_answers_within_the_deadline_keeps_serving(
     make_proxy: ProxyFactory, fake_upstream: Any
 ) -> None:

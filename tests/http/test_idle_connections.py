@@ -99,6 +99,7 @@ async def test_a_chat_client_that_stops_reading_is_let_go_and_its_slot_freed(mon
             writer.close()
 
 
+@pytest.mark.slow  # seconds of real time
 async def test_a_burst_past_the_limit_is_answered_503_at_once_not_left_in_the_kernels_queue(
     aiohttp_server: Any,
 ) -> None:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from mellum_proxy.telemetry.stats import log_files
 
@@ -42,6 +43,7 @@ def write_together(path: Path, lines: int, keep: int) -> dict[str, set[int]]:
     return seen
 
 
+@pytest.mark.slow  # seconds of real time
 def test_two_processes_share_a_rotating_log_without_losing_a_line(tmp_path: Path) -> None:
     path = tmp_path / "requests.jsonl"
     seen = write_together(path, 2000, keep=10_000)
