@@ -54,7 +54,7 @@ def _listed(value: Any) -> Any:
 
 
 # What `--embedded` (the packaged gemma-3-270m on this machine's CPU, no --upstream) changes, unless set: a CPU
-# prefills ~100-200 tokens/s and decodes ~35 (one thread, `bench first-run`), so a new file's first prompt takes
+# prefills ~100-200 tokens/s and decodes ~35 (one thread, `benchmarks first-run`), so a new file's first prompt takes
 # 1-2 s before its first token and a 128-token answer 4 s. Completions end at a blank line and at 48 tokens, and
 # the deadline leaves room for a cold prompt: a complete suggestion shows, later than from a GPU server.
 EMBEDDED_DEFAULTS: dict[str, Any] = {"timeout_ms": 3000, "max_tokens": 48, "stop_at_blank_line": True}

@@ -1,7 +1,7 @@
 """`FaultUpstream`: an OpenAI-compatible completion server that misbehaves on purpose.
 
 Each request is answered by one named fault from `FAULTS`: the server's default `fault`, or the one
-a prompt names with a `[fault:NAME]` marker (so one run can mix them: `bench soak`). The faults are
+a prompt names with a `[fault:NAME]` marker (so one run can mix them: `benchmarks soak`). The faults are
 the ways real servers and networks have failed a completion: errors before and after the first
 event, dropped connections, stalls, events of the wrong shape, oversized or split events, a JSON
 answer to a streamed request. It counts what it served and how many clients went away early. A

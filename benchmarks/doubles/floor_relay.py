@@ -1,4 +1,4 @@
-"""The independent floor `bench overhead` measures the proxy against: a parsing relay written without anything of
+"""The independent floor `benchmarks overhead` measures the proxy against: a parsing relay written without anything of
 `mellum_proxy` (no import of it, on purpose), so that it does not move when the proxy's own code does.
 
 It does what any proxy that records its requests must: parse the request's JSON and write the upstream body, then

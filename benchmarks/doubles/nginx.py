@@ -1,5 +1,5 @@
 """nginx (Debian's `nginx`/`nginx-light`) as a reverse proxy in front of the fake upstream: the relay the field
-uses, measured beside the proxy by `bench overhead` where it is installed. Buffering is off, so each event is
+uses, measured beside the proxy by `benchmarks overhead` where it is installed. Buffering is off, so each event is
 passed on as it comes, as a completion proxy must."""
 
 from __future__ import annotations

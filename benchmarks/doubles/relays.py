@@ -1,4 +1,4 @@
-"""`bare_relay`, the lowest floor `bench overhead` compares the proxy with: the smallest honest relay. It forwards
+"""`bare_relay`, the lowest floor `benchmarks overhead` compares the proxy with: the smallest honest relay. It forwards
 `POST /v1/completions` and pipes the answer back as it arrives, with no parsing, policy or record; nothing a real
 proxy could do with less work. (The parsing floor is `floor_relay`, written without the package.)
 """

@@ -1,4 +1,4 @@
-"""`bench breaks`' report: the pause after a break, when the server sleeps in the breaks, through the proxy and
+"""`benchmarks breaks`' report: the pause after a break, when the server sleeps in the breaks, through the proxy and
 going direct."""
 
 from __future__ import annotations

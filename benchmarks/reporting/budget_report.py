@@ -1,4 +1,4 @@
-"""`bench budget`'s report: the exact budget on every keystroke (agreement, pre-upstream time, `/tokenize`
+"""`benchmarks budget`'s report: the exact budget on every keystroke (agreement, pre-upstream time, `/tokenize`
 calls, the stepped window's cache reuse)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`bench calibrate`'s report: the real server and the lab side by side, per policy and metric, each held to the
+"""`benchmarks calibrate`'s report: the real server and the lab side by side, per policy and metric, each held to the
 other within `TOLERANCE`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`bench day`'s report: two proxies for an hour in front of a real llama.cpp that sleeps, restarts and is typed at
+"""`benchmarks day`'s report: two proxies for an hour in front of a real llama.cpp that sleeps, restarts and is typed at
 by editors that come and go: what each proxy holds minute by minute, and what the shared log kept."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`bench first-run`'s report: what a newcomer sees after `make run`."""
+"""`benchmarks first-run`'s report: what a newcomer sees after `make run`."""
 
 from __future__ import annotations
 

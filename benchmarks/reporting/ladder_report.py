@@ -1,4 +1,4 @@
-"""`bench ladder`'s report: one cell per context x concurrency (its attempts and their summary), as a table, a
+"""`benchmarks ladder`'s report: one cell per context x concurrency (its attempts and their summary), as a table, a
 plot and JSON."""
 
 from __future__ import annotations

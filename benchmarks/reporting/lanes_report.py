@@ -1,4 +1,4 @@
-"""`bench lanes`'s report: completions beside chat, alone, together and in lanes."""
+"""`benchmarks lanes`'s report: completions beside chat, alone, together and in lanes."""
 
 from __future__ import annotations
 

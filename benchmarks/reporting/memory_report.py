@@ -1,4 +1,4 @@
-"""`bench memory`'s report: the proxy's resident memory as requests go through it."""
+"""`benchmarks memory`'s report: the proxy's resident memory as requests go through it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`bench overhead`'s report: the latency and CPU each relay adds, per round, and the median ratios."""
+"""`benchmarks overhead`'s report: the latency and CPU each relay adds, per round, and the median ratios."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`bench soak`'s report: mixed requests with faults, the proxy's resources over time, and what was logged."""
+"""`benchmarks soak`'s report: mixed requests with faults, the proxy's resources over time, and what was logged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`bench team`'s report: one row per developer (coverage, p95, failures, cache share, where their
+"""`benchmarks team`'s report: one row per developer (coverage, p95, failures, cache share, where their
 requests went), how fast each failed over and back, and each failed completion."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `run_developers` replays one trace per developer at once, each through a proxy of its own (its own
 `developer_id`, the routing key); `bench replay --developers N` uses it against any upstream.
 
-`bench team` (`run_team`) builds the whole setup from real parts: two embedded llama.cpp servers as
+`benchmarks team` (`run_team`) builds the whole setup from real parts: two embedded llama.cpp servers as
 workers, each behind a `Tap` (a relay that counts which developer's requests reached that worker, and
 whose stop is the worker dying), `vllm-router` in front of them, a local embedded server as every
 developer's fallback (`--upstream ROUTER --upstream LOCAL`), and the proxies. Its phases:

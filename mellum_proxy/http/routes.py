@@ -139,7 +139,7 @@ def status_body(app: web.Application) -> dict[str, Any]:
         "discovered": asdict(app[PROBES].view),  # what the primary upstream said it is
         "upstreams": app[UPSTREAMS].status(),
         "inflight": policies.admission.running,
-        "tasks": len(asyncio.all_tasks()),  # for leak checks (`bench soak`)
+        "tasks": len(asyncio.all_tasks()),  # for leak checks (`benchmarks soak`)
         "connections": connections_status(app),
         "queued": policies.admission.depth,
         "lanes": lanes_status(policies.admission, recent_queue_ms(records), recent_queue_ms(app[TELEMETRY].bulk)),

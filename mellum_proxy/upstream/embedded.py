@@ -24,7 +24,7 @@ def model_name(path: Path) -> str:
 def default_threads(cores: int | None = None) -> int:
     """Half the cores, at least one. llama.cpp's threads meet at a barrier after every step, so one thread
     that another program holds off its core stalls them all: on 2 cores with one busy process, 2 threads
-    decoded at 13-22 tokens/s and 1 thread at 34-39 (idle: 48-55 against 30-36; `bench first-run`)."""
+    decoded at 13-22 tokens/s and 1 thread at 34-39 (idle: 48-55 against 30-36; `benchmarks first-run`)."""
     return max(1, (cores or os.cpu_count() or 1) // 2)
 
 

@@ -1,4 +1,4 @@
-"""`bench calibrate`: real replays, taking turns, held to their median; the lab beside them."""
+"""`benchmarks calibrate`: real replays, taking turns, held to their median; the lab beside them."""
 
 from __future__ import annotations
 

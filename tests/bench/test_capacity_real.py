@@ -1,4 +1,4 @@
-"""`bench capacity`: a real team on a real scheduler, judged by the lab's rule, beside the lab's answer."""
+"""`benchmarks capacity`: a real team on a real scheduler, judged by the lab's rule, beside the lab's answer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`bench day` in small: two proxies sharing one log before a real llama.cpp that sleeps and restarts; every
+"""`benchmarks day` in small: two proxies sharing one log before a real llama.cpp that sleeps and restarts; every
 answered request logged, the restart's next completion answered, the sleeps woken, nothing left behind."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The fast model: a real llama.cpp server on random weights with gemma-3's vocabulary, written by
-`bench fast-model`; the embedded server loads it, tokenizes as gemma-3 does, and completes."""
+`benchmarks fast-model`; the embedded server loads it, tokenizes as gemma-3 does, and completes."""
 
 from __future__ import annotations
 

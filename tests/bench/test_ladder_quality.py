@@ -131,7 +131,7 @@ def test_request_bodies() -> None:
 
 def test_the_budget_bench_counts_a_reused_answer_as_no_prompt() -> None:
     """A keystroke typed through the last completion is answered without `usage` (no upstream request):
-    `bench budget` once crashed on it with KeyError: 'usage'."""
+    `benchmarks budget` once crashed on it with KeyError: 'usage'."""
     from benchmarks.runners.budget import CONTEXT, MAX_TOKENS, over_budget
 
     assert over_budget({"choices": [{"text": "rest"}]}) is False

@@ -1,4 +1,4 @@
-"""`bench lanes`: the same load in four runs (alone, direct, no lanes, lanes), every chat completing answers."""
+"""`benchmarks lanes`: the same load in four runs (alone, direct, no lanes, lanes), every chat completing answers."""
 
 from __future__ import annotations
 

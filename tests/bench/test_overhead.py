@@ -1,4 +1,4 @@
-"""`bench overhead`: every path really carries completions (the floor and the proxy also each in a process of
+"""`benchmarks overhead`: every path really carries completions (the floor and the proxy also each in a process of
 its own, their CPU counted), and the report has every round."""
 
 from __future__ import annotations

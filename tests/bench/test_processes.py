@@ -1,4 +1,4 @@
-"""A relay as a process of its own (`bench overhead`'s as-deployed paths): started, awaited until it listens,
+"""A relay as a process of its own (`benchmarks overhead`'s as-deployed paths): started, awaited until it listens,
 its CPU read, and stopped; one that dies first is said, not waited on."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ async def test_a_server_that_cannot_count_leaves_it_at_zero(fake_upstream: Any) 
 @pytest.mark.embedded
 async def test_the_servers_decode_time_a_token_comes_from_its_own_counters(embedded_server: Any) -> None:
     """llama.cpp's `tokens_predicted_seconds_total` over `tokens_predicted_total`, read before and after the run:
-    what `bench calibrate` holds the lab's decode speed to."""
+    what `benchmarks calibrate` holds the lab's decode speed to."""
     from mellum_proxy.tuning.runners.policy import parse_policy
     from mellum_proxy.tuning.runners.replay import run_policy
     from tests.bench.bursts import burst_trace

@@ -1,4 +1,4 @@
-"""`bench soak` in small: the proxy as its own process, faults mixed in; nothing a 500, nothing unlogged."""
+"""`benchmarks soak` in small: the proxy as its own process, faults mixed in; nothing a 500, nothing unlogged."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`bench replay --developers` and the pieces of `bench team`: each developer's own proxy and routing key,
-the worker relay's counts, and how a report reads failover and failures. (`bench team` itself runs the
+"""`bench replay --developers` and the pieces of `benchmarks team`: each developer's own proxy and routing key,
+the worker relay's counts, and how a report reads failover and failures. (`benchmarks team` itself runs the
 real vllm-router and three llama.cpp servers: its report is in docs/measurements/runs/team.)"""
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def test_vocabulary_tokens_are_read_back_to_their_text_lengths() -> None:
 
 
 async def test_ladder_prompts_are_cut_by_count_on_a_count_only_server(aiohttp_server: Any) -> None:
-    """`bench ladder`'s workflow (short / mid / long prompts) against one's own vLLM."""
+    """`benchmarks ladder`'s workflow (short / mid / long prompts) against one's own vLLM."""
     vllm = CountingVllm(max_model_len=2048)
     upstream = await aiohttp_server(vllm.app())
     import aiohttp

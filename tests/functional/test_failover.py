@@ -1,5 +1,5 @@
 """A team's setup: the routing key a router hashes, extra upstream headers, and several upstreams in order
-with failover, a circuit breaker and return (deterministic fakes; the real router runs in `bench team`)."""
+with failover, a circuit breaker and return (deterministic fakes; the real router runs in `benchmarks team`)."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ async def test_embedded_after_the_upstreams_is_the_last_fallback(tmp_path: Any) 
 
 async def test_vllm_routers_model_list_names_the_model(make_proxy: ProxyFactory, aiohttp_server: Any) -> None:
     """vllm-router 0.1.17 answers `/v1/models` with `{"models": [{"name": ...}]}`, not OpenAI's `data`
-    (seen running it in front of two llama.cpp workers for `bench team`)."""
+    (seen running it in front of two llama.cpp workers for `benchmarks team`)."""
     fake = FakeUpstream()
     app = fake.app()
 
@@ -206,7 +206,7 @@ async def test_a_router_with_one_worker_down_still_serves(
     make_proxy: ProxyFactory, aiohttp_server: Any, fake_upstream: Any
 ) -> None:
     """vllm-router 0.1.17 answers `/health` 503 `Unhealthy servers: [...]` while one worker is down, and
-    goes on serving from the others: the proxy must not leave it for the fallback (seen in `bench team`)."""
+    goes on serving from the others: the proxy must not leave it for the fallback (seen in `benchmarks team`)."""
     fake = FakeUpstream()
     fake.healthy = False  # /health: 503
     app = fake.app()

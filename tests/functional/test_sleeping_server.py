@@ -1,6 +1,6 @@
 """Servers that sleep: the real llama.cpp unloads its model after an idle second (`--sleep-idle-seconds`); the
 proxy reads that it sleeps, wakes it on the first keystroke after a break with one request no keystroke cancels,
-says so, and never keeps it awake. (How much sooner the pause's text comes is measured in `bench breaks`.)"""
+says so, and never keeps it awake. (How much sooner the pause's text comes is measured in `benchmarks breaks`.)"""
 
 from __future__ import annotations
 

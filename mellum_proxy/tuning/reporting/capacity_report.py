@@ -1,4 +1,4 @@
-"""`bench capacity`'s report: how many developers the real server carried, direct and through the proxy, beside
+"""`benchmarks capacity`'s report: how many developers the real server carried, direct and through the proxy, beside
 the lab's count on the same server's profile."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from mellum_proxy.tuning.reporting.cells import cell, yes_no
 
 
 class CapacityRun(TypedDict):
-    """A team at growing counts, real (`bench capacity`) or in the lab (`bench lab --developers`)."""
+    """A team at growing counts, real (`benchmarks capacity`) or in the lab (`bench lab --developers`)."""
 
     capacity: list[dict[str, Any]]  # per policy, the largest count carried
     capacity_curve: list[dict[str, Any]]  # every count tried

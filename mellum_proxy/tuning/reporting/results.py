@@ -95,7 +95,7 @@ class LabResult(Seen):
 
 @dataclass
 class Phase:
-    """One phase of `bench team`: its router policy, each developer's result, where their requests went."""
+    """One phase of `benchmarks team`: its router policy, each developer's result, where their requests went."""
 
     name: str
     router_policy: str

@@ -93,7 +93,7 @@ async def _team(
             await service.drain()
         return account(marks, editor.results, PAUSE_MS, truth, last_look_ms=max_gap_ms)
 
-    reader = asyncio.ensure_future(engine.read_metrics_every(METRICS_PERIOD_S))  # as `bench capacity` reads it
+    reader = asyncio.ensure_future(engine.read_metrics_every(METRICS_PERIOD_S))  # as `benchmarks capacity` reads it
     accounts = await asyncio.gather(*(developer(i, events) for i, events in enumerate(traces)))
     await engine.idle()
     reader.cancel()
@@ -146,7 +146,7 @@ def _point(team: Sequence[Accounting], alone: Sequence[Accounting]) -> dict[str,
 def judge(
     latencies: Sequence[Sequence[float]], coverages: Sequence[float | None], alone: Sequence[float | None]
 ) -> dict[str, Any]:
-    """The rule, for the lab's team and for a real one (`bench capacity`): each developer's pause-to-suggestion
+    """The rule, for the lab's team and for a real one (`benchmarks capacity`): each developer's pause-to-suggestion
     times and pause coverage, and the same developers' coverage alone on the server."""
     pooled = [ms for each in latencies for ms in each]
     p95 = percentile(pooled, 95) if pooled else None

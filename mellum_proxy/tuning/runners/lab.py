@@ -5,7 +5,7 @@ Nothing is mocked inside the proxy: each run builds the real `CompletionService`
 policies from `Settings`, in front of `SimEngine` (llama.cpp's scheduling, see `mellum_proxy.tuning.sim.engine`).
 The editor is the same as in the real-time replay: one request per edit, the previous one cancelled
 (`direct` sends them to the server itself). Only the HTTP hop is left out, and the time the proxy's
-own code takes (tenths of a millisecond, `bench overhead`), which virtual time does not count.
+own code takes (tenths of a millisecond, `benchmarks overhead`), which virtual time does not count.
 
 What the model writes comes from the trace: with probability `accuracy` (a seeded draw per edit) the
 completion is what the person really typed next, to the end of that line, else junk. That measures
