@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,12 @@ async def test_the_simulated_server_lets_a_client_go_without_a_traceback(caplog:
     finally:
         await runner.cleanup()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_report_says_the_command_as_it_was_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mellum_proxy.tuning.reporting.writing import command_line
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/mellum-proxy", "bench", "replay", "t.json", "--out", "d"])
+    assert command_line() == "mellum-proxy bench replay t.json --out d"
+    monkeypatch.setattr(sys, "argv", ["/repo/benchmarks/__main__.py", "breaks", "--out", "d"])
+    assert command_line() == "python -m benchmarks breaks --out d"  # the repository's measurements

@@ -25,7 +25,10 @@ Render = Callable[[Result, str], str]  # a report module's `render(result, comma
 
 def command_line(prefix: str = "mellum-proxy bench", skip: int = 2) -> str:
     """The command line as a reader would retype it (`prefix`, then the arguments after the first `skip`); the
-    home directory is written `~`, so no report carries a user's own paths."""
+    home directory is written `~`, so no report carries a user's own paths. Run as `python -m PACKAGE ...` (the
+    repository's `benchmarks`), it is written so."""
+    if Path(sys.argv[0]).name == "__main__.py":
+        prefix, skip = f"python -m {Path(sys.argv[0]).parent.name}", 1
     home = str(Path.home())
     args = ["~" + arg[len(home) :] if arg == home or arg.startswith(home + "/") else arg for arg in sys.argv[skip:]]
     return f"{prefix} " + " ".join(arg if arg.startswith("~/") else shlex.quote(arg) for arg in args)
