@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from mellum_proxy.budget import ContextBudget
 from mellum_proxy.clock import Clock
@@ -32,6 +32,16 @@ KEEP_PREFILL_MAX_S = 2.0  # the longest a timed-out request may go on to finish 
 TAKEOVER_GRACE_S = 0.05  # how long an abandoned stream waits for a newer keystroke to take it over
 LET_GO_TIMEOUT_S = 10.0  # the longest a cancelled request keeps its slot waiting for the server
 TTFT_WEIGHT = 0.2  # of the newest first-token time, in the running estimate of the server's prefill
+
+
+class Follows(Protocol):
+    """A client following a flight, sent each batch from the producer's own turn (`mellum_proxy.serving.relay`)."""
+
+    seen: int
+    over: bool
+    error: BaseException | None
+
+    async def from_producer(self) -> None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -54,22 +64,26 @@ class Flight:
     first_text_at: float | None = None
     ended_on_its_own: bool = False  # the upstream ended it (not a deadline, a cancel or an error)
     capped: bool = False  # the proxy asked for fewer tokens than the client did
+    follower: Follows | None = None  # its own request's relay, sent each batch by the producer as it comes
 
     def push(self, batch: list[Chunk]) -> None:
         self.batches.append(batch)
-        self._wake()
+        if self.follower is None or self.listeners > 1:
+            self.wake()  # else the producer sends it (`Follows.from_producer`): no task to wake
 
     def end(self, error: BaseException | None = None) -> None:
         self.ended, self.error = True, error
-        self._wake()
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         self.changed.set()  # wakes every waiter: each has its own future, already resolved by `clear`
         self.changed.clear()
 
-    async def wait(self, seen: int) -> None:
-        """Return once there are more than `seen` batches, or it has ended."""
+    async def wait(self, seen: int, follower: Follows | None = None) -> None:
+        """Return once there are more than `seen` batches, or it has ended (or `follower` is over or failed)."""
         while not self.ended and len(self.batches) <= seen:
+            if follower is not None and (follower.over or follower.error is not None or follower.seen > seen):
+                return
             await self.changed.wait()
 
     @property
@@ -200,6 +214,8 @@ class Flights:
                         flight.first_text_at = self.clock.now()
                         self._learn_prefill(flight.first_text_at - sent_at)
                     flight.push(list(batch))
+                    if (follower := flight.follower) is not None:
+                        await follower.from_producer()
                     if has_text and flight.stop_at_first_token:
                         break  # the prefill is in the cache: that is all it was kept for
                     if over:  # a server that ignores max_tokens: cut, as at the cap

@@ -5,12 +5,14 @@ request's view (`FromStart`) shows every batch, shaped as it streams (post-proce
 holds back what follows a cut completion's last complete line), with plain text events passed on unparsed. A
 request that typed through the flight's text (`AfterTyped`) is shown what comes after what was typed, within
 its own limits (its `max_tokens` on the server's token boundaries, its stop strings), shaped as a completion
-of its own. `relay` waits for new batches, asks the view what to show, and sends it; the caller owns the slot,
-the deadline and the record.
+of its own. `relay` waits for new batches, asks the view what to show, and sends it; for a request's own flight
+the producer sends each batch itself, in the turn it arrived (`Follower`), and the relay only ends the answer. The
+caller owns the slot, the deadline and the record.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
@@ -41,23 +43,69 @@ class View(Protocol):
         ...
 
 
-async def relay(flight: Flight, view: View, answer: Answer, completion: Completion) -> None:
-    """Send `answer` what `view` shows of `flight` until it is over; `completion` holds what was sent."""
-    seen = 0
-    while True:
-        await flight.wait(seen)
-        batches = flight.batches[seen:]
-        seen += len(batches)
-        for shown in view.shown(flight, batches):
-            for chunk in shown:
-                completion.add(chunk)  # what this client was sent, and nothing more
-            await answer.send(completion, shown)
-        if view.over(flight, seen == len(flight.batches)):
-            break
+async def relay(flight: Flight, view: View, answer: Answer, completion: Completion, own: bool = False) -> None:
+    """Send `answer` what `view` shows of `flight` until it is over; `completion` holds what was sent. `own`: the
+    flight is this request's own, and it is the only one following it yet: the producer sends each batch in its own
+    turn (`Follower`), one event-loop turn sooner than this task would."""
+    follower = Follower(flight, view, answer, completion)
+    if own and flight.follower is None:
+        flight.follower = follower
+    try:
+        while not follower.over:
+            await flight.wait(follower.seen, follower)
+            if follower.error is not None:
+                raise follower.error
+            await follower.catch_up()
+    finally:
+        if flight.follower is follower:
+            flight.follower = None  # from now on the answer is its request's to end: the producer sends no more
     if rest := view.rest(flight, completion):
         chunk = Chunk(rest)
         completion.add(chunk)
         await answer.send(completion, [chunk])
+
+
+class Follower:
+    """One client's progress through a flight: the batches it has seen, and whether it is over. `catch_up` is
+    called by the relay's task, or by the flight's producer right after a batch arrived (`from_producer`)."""
+
+    def __init__(self, flight: Flight, view: View, answer: Answer, completion: Completion) -> None:
+        self.flight, self.view, self.answer, self.completion = flight, view, answer, completion
+        self.relaying = asyncio.current_task()  # the relay's task: once it is being cancelled, the answer is its
+        self.seen = 0
+        self.over = False
+        self.busy = False  # a send is under way (one waiting for the client to read): no second one meanwhile
+        self.error: BaseException | None = None  # what a send from the producer's turn raised, for the relay
+
+    async def catch_up(self) -> None:
+        """Send what the batches not seen yet show, and note whether nothing more will be shown."""
+        if self.busy:
+            return  # the other caller is sending (waiting for the client to read): the relay's loop sends the rest
+        self.busy = True
+        try:
+            flight, view, completion = self.flight, self.view, self.completion
+            batches = flight.batches[self.seen :]
+            self.seen += len(batches)
+            for shown in view.shown(flight, batches):
+                for chunk in shown:
+                    completion.add(chunk)  # what this client was sent, and nothing more
+                await self.answer.send(completion, shown)
+            self.over = view.over(flight, self.seen == len(flight.batches))
+        finally:
+            self.busy = False
+
+    async def from_producer(self) -> None:
+        """The producer's part: send at once; what it raises is the relay's to raise, in its own task. A relay being
+        cancelled (a deadline, a newer keystroke, the client gone) is sent nothing more: its request ends it."""
+        if self.relaying is not None and self.relaying.cancelling():
+            return
+        try:
+            await self.catch_up()
+        except Exception as error:
+            self.error = error
+            self.flight.follower = None
+        if self.over or self.error is not None:
+            self.flight.wake()  # the relay ends it
 
 
 def first_text(

@@ -273,7 +273,7 @@ class CompletionService:
         cleaner = Cleaner(request.prefix, request.suffix) if clean else None
         view = FromStart(LineGate(flight.capped), cleaner, first_text(self.telemetry, record, ticket, deadline))
         try:
-            await relay(flight, view, answer, completion)
+            await relay(flight, view, answer, completion, own=True)
             if view.cleaned is not None:
                 record.cleaned_by(view.cleaned)
         finally:

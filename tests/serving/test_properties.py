@@ -65,6 +65,12 @@ options = st.fixed_dictionaries(
     options={"debounce_ms": 0, "max_inflight": 1, "max_concurrency": 1, "max_queue": 0, "timeout_ms": 0,
              "adaptive": False, "reuse": True, "keep_prefill": False},
 )  # fmt: skip
+@example(  # found by this test: the producer sent a request its whole text in its own turn after the request's
+    # deadline had cut it (its relay was being cancelled): a timed-out answer must be a strict prefix
+    schedule=[(0, "a", None, 1, 0)] * 7 + [(2, "a", None, 8, 0)],
+    options={"debounce_ms": 0, "max_inflight": 1, "max_concurrency": 1, "max_queue": 0, "timeout_ms": 8,
+             "adaptive": False, "reuse": False, "keep_prefill": False},
+)  # fmt: skip
 def test_policy_invariants(schedule: list[tuple[int, str, int | None, int, int]], options: dict[str, Any]) -> None:
     run_virtual(_run(schedule, **options))
 
