@@ -30,6 +30,8 @@ from mellum_proxy.errors import UpstreamError
 
 @dataclass(frozen=True, slots=True)
 class SpotTask:
+    """One fill-in-the-middle task: the code around the hole, and the line that fills it."""
+
     prefix: str
     suffix: str
     expected: str
@@ -37,6 +39,8 @@ class SpotTask:
 
 @dataclass(frozen=True, slots=True)
 class Quality:
+    """The spot-check set `fit` scores each candidate on, and where it came from."""
+
     tasks: tuple[SpotTask, ...]
     source: str
     template: str = "auto"  # auto: the model's own, from its vocabulary

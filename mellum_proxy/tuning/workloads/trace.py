@@ -28,6 +28,8 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Open:
+    """A file opened with its whole text, `t_ms` after the trace's start."""
+
     t_ms: int
     file: str
     text: str
@@ -35,6 +37,8 @@ class Open:
 
 @dataclass(frozen=True, slots=True)
 class Edit:
+    """`delete` characters at `offset` replaced by `insert`, in an open file."""
+
     t_ms: int
     file: str
     offset: int
@@ -47,6 +51,8 @@ Event = Open | Edit
 
 @dataclass
 class Trace:
+    """A recorded editing session: its events in time order, and its header line."""
+
     events: list[Event]
     header: dict[str, Any] = field(default_factory=lambda: {"format": FORMAT})
 
