@@ -13,6 +13,7 @@ class Overhead(TypedDict):
     requests: int
     rounds: int
     tokens: int
+    token_gap_ms: float  # between the fake's tokens (0: all in one read)
     rows: list[dict[str, Any]]  # per round, per path
     summary: dict[str, float | None]  # the median ratios
     paths: list[str]
@@ -25,7 +26,7 @@ def render(result: Overhead, command: str) -> str:
         "",
         f"`{command}`: {result['requests']} sequential streaming fill-in-the-middle requests (prompt and suffix) "
         "per path and round, "
-        f"{result['tokens']} tokens each, fake upstream; added = the path's percentile less direct's.",
+        f"{result['tokens']} tokens each{_gap(result)}, fake upstream; added = the path's percentile less direct's.",
         "",
         "| round | path | added TTFT p50 ms | added TTFT p95 ms | added total p50 ms | CPU ms / request |",
         "|---|---|---|---|---|---|",
@@ -64,3 +65,8 @@ def render(result: Overhead, command: str) -> str:
         lines += ["", "nginx runs in a process of its own, beside this one: its figures carry no share of this "
                   "process's CPU (its CPU column is this process's, the client's part only)."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _gap(result: Overhead) -> str:
+    gap = result.get("token_gap_ms", 0.0)
+    return f" {gap:g} ms apart (a read each)" if gap else ""

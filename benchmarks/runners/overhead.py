@@ -43,7 +43,7 @@ from benchmarks.doubles.relays import bare_relay
 from benchmarks.reporting.overhead_report import Overhead, render
 from benchmarks.runners.processes import listening, wait_healthy
 from mellum_proxy.config import Settings
-from mellum_proxy.console import POSITIVE, command, fail
+from mellum_proxy.console import POSITIVE, command, fail, real
 from mellum_proxy.http import RECORDS, build_app, serve_app
 from mellum_proxy.http.page import PAGES
 from mellum_proxy.proc import cpu_seconds
@@ -54,11 +54,15 @@ from mellum_proxy.urls import free_port
 
 def add_commands(commands: Any) -> None:
     about = "what the proxy adds per request: direct, a bare relay, the proxy"
-    run = measured("overhead", lambda args: measure(args.requests, args.rounds, args.tokens, print), render)
+    run = measured("overhead", lambda args: measure(args.requests, args.rounds, args.tokens, print,
+                                                    token_gap_ms=args.token_gap_ms), render)  # fmt: skip
     overhead = command(commands, "overhead", about, run, out="overhead")
     overhead.add_argument("--requests", type=POSITIVE, default=500, help="per path and round [default: 500]")
     overhead.add_argument("--rounds", type=POSITIVE, default=3, help="interleaved rounds [default: 3]")
     overhead.add_argument("--tokens", type=POSITIVE, default=16, help="streamed tokens per request [default: 16]")
+    overhead.add_argument("--token-gap-ms", type=real(0.0, 1000.0), default=0.0,
+                          help="between the fake's tokens, so each comes in a read of its own, as a decoding server's "
+                               "do [default: 0: all at once]")  # fmt: skip
 
 
 PATHS = (
@@ -130,9 +134,11 @@ async def measure(
     tokens: int = 16,
     progress: Callable[[str], None] | None = None,
     nginx: bool = True,
+    token_gap_ms: float = 0.0,
 ) -> Overhead:
-    """Run the interleaved rounds; returns per-round figures and the ratios (`nginx`: with nginx where installed)."""
-    fake = FakeUpstream(tokens=tokens, slots=64)
+    """Run the interleaved rounds; returns per-round figures and the ratios (`nginx`: with nginx where installed;
+    `token_gap_ms`: the fake's pause between tokens)."""
+    fake = FakeUpstream(tokens=tokens, slots=64, token_delay_s=token_gap_ms / 1000)
     body = {
         "prompt": "def fibonacci(n):\n    ",
         "suffix": "\n\n\nprint(fibonacci(10))\n",
@@ -171,7 +177,13 @@ async def measure(
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return Overhead(
-        requests=requests, rounds=rounds, tokens=tokens, rows=rows, summary=_summary(rows), paths=list(urls)
+        requests=requests,
+        rounds=rounds,
+        tokens=tokens,
+        rows=rows,
+        summary=_summary(rows),
+        paths=list(urls),
+        token_gap_ms=token_gap_ms,
     )
 
 

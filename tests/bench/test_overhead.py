@@ -47,20 +47,29 @@ async def test_every_round_measures_both_relays_and_the_proxy() -> None:
 
 
 def test_cli_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    main(["overhead", "--requests", "3", "--rounds", "1", "--tokens", "2", "--out", str(tmp_path)])
+    main(
+        ["overhead", "--requests", "3", "--rounds", "1", "--tokens", "2", "--token-gap-ms", "1", "--out", f"{tmp_path}"]
+    )
     data = orjson.loads((tmp_path / "overhead.json").read_bytes())
-    assert data["requests"] == 3 and len(data["rows"]) == 1
-    assert "# Relay overhead" in (tmp_path / "overhead.md").read_text()
+    assert data["requests"] == 3 and len(data["rows"]) == 1 and data["token_gap_ms"] == 1.0
+    report = (tmp_path / "overhead.md").read_text()
+    assert "# Relay overhead" in report and "2 tokens each 1 ms apart (a read each)" in report
     assert "round 1:" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flag", ["--requests", "--rounds", "--tokens"])
-def test_impossible_numbers_are_one_line_and_exit_2(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [("--requests", "0", "at least 1"), ("--rounds", "0", "at least 1"), ("--tokens", "0", "at least 1"),
+     ("--token-gap-ms", "-1", "at least 0")],
+)  # fmt: skip
+def test_impossible_numbers_are_one_line_and_exit_2(
+    flag: str, value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as stopped:
-        main(["overhead", flag, "0"])
+        main(["overhead", flag, value])
     assert stopped.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert "must be at least 1" in err[-1]
+    assert f"must be {said}" in err[-1]
 
 
 def test_added_latency_is_read_at_the_50th_and_95th_percentiles() -> None:
