@@ -37,7 +37,6 @@ TTFT_WEIGHT = 0.2  # of the newest first-token time, in the running estimate of 
 class Follows(Protocol):
     """A client following a flight, sent each batch from the producer's own turn (`mellum_proxy.serving.relay`)."""
 
-    seen: int
     over: bool
     error: BaseException | None
 
@@ -82,7 +81,7 @@ class Flight:
     async def wait(self, seen: int, follower: Follows | None = None) -> None:
         """Return once there are more than `seen` batches, or it has ended (or `follower` is over or failed)."""
         while not self.ended and len(self.batches) <= seen:
-            if follower is not None and (follower.over or follower.error is not None or follower.seen > seen):
+            if follower is not None and (follower.over or follower.error is not None):
                 return
             await self.changed.wait()
 
